@@ -1,0 +1,65 @@
+"""The one error family of dcaforge.
+
+Every error carries what failed (``message``), where (``where``: a file, a line, a patch, a
+path) and what to do next (``hint``: usually the next command to run). The CLI prints these
+and exits with ``exit_code``; nothing else is caught there.
+"""
+
+from __future__ import annotations
+
+#: Exit code when a patch or a template anchor does not fit the tree.
+EXIT_MISMATCH = 2
+#: Exit code for every other error.
+EXIT_ERROR = 1
+
+
+class DcaforgeError(Exception):
+    """Base of every error dcaforge reports to the user."""
+
+    exit_code: int = EXIT_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        hint: str | None = None,
+        details: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+        self.details = details
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.where:
+            parts.append(f"where: {self.where}")
+        if self.details:
+            parts.append(self.details.rstrip())
+        if self.hint:
+            parts.append(f"next: {self.hint}")
+        return "\n".join(parts)
+
+
+class MismatchError(DcaforgeError):
+    """A patch or a template anchor does not fit the tree (exit code 2)."""
+
+    exit_code = EXIT_MISMATCH
+
+
+class ConfigError(DcaforgeError):
+    """dcaforge.yaml or a manifest is malformed: names the key, the file and the line."""
+
+
+class CommandError(DcaforgeError):
+    """An external command (git, patch, pip, a bootstrap step) failed."""
+
+
+class SafetyError(DcaforgeError):
+    """dcaforge refused to do something that could lose the user's work."""
+
+
+class LockedError(DcaforgeError):
+    """Another dcaforge run holds the clean room."""
