@@ -1,0 +1,92 @@
+"""``dcaforge capture``: the clean room's work tree against the baseline, as one git patch.
+
+The bytes depend on nothing but the two trees (and git's diff algorithm): the isolated git
+config, ``--full-index --binary --no-renames`` and fixed prefixes. Untracked files are
+included through a temporary index (never the room's own index); ignored files are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
+from .config import Config
+from .errors import DcaforgeError
+from .git import git, git_out, rev_parse
+
+DIFF_ARGS: tuple[str, ...] = (
+    "--full-index", "--binary", "--no-ext-diff", "--no-color", "--no-textconv", "--no-renames",
+    "--src-prefix=a/", "--dst-prefix=b/",
+)
+
+
+@contextlib.contextmanager
+def temp_index(room: Path, seed: bool = True) -> Iterator[dict[str, str]]:
+    """An index file of our own inside the room's git dir; yields the env that selects it."""
+    meta = room / ".git" / "dcaforge"
+    meta.mkdir(parents=True, exist_ok=True)
+    path = meta / f"index.tmp.{os.getpid()}"
+    src = room / ".git" / "index"
+    if seed and src.is_file():
+        shutil.copyfile(src, path)  # its stat cache makes `add -A` fast
+    try:
+        yield {"GIT_INDEX_FILE": str(path)}
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def worktree_tree(room: Path) -> str:
+    """The tree of the room's work tree (tracked + untracked, not ignored), via a temp index."""
+    with temp_index(room) as env:
+        git(room, "add", "-A", ".", env=env)
+        return git_out(room, "write-tree", env=env)
+
+
+def tree_diff(repo: Path, old_tree: str, new_tree: str) -> bytes:
+    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree).stdout_bytes
+
+
+def changed_paths(repo: Path, old_tree: str, new_tree: str) -> list[str]:
+    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree).stdout
+    return [p for p in out.split("\0") if p]
+
+
+def baseline_tree(room: Room) -> str:
+    if rev_parse(room.path, BASELINE_TAG) is None:
+        raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
+                            where=str(room.path), hint="dcaforge apply --continue")
+    return git_out(room.path, "rev-parse", f"{BASELINE_TAG}^{{tree}}")
+
+
+@dataclass
+class CaptureResult:
+    path: Path
+    written: bool
+    size: int
+    sha256: str
+    tree: str
+    files: list[str] = field(default_factory=list)
+
+
+def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
+    room = Room.of(cfg)
+    room.require()
+    dest = (out or cfg.feature_patch).resolve()
+    with locked(room):
+        base = baseline_tree(room)
+        tree = worktree_tree(room.path)
+        data = tree_diff(room.path, base, tree)
+        files = changed_paths(room.path, base, tree)
+        old = dest.read_bytes() if dest.is_file() else None
+        if old != data:
+            write_atomic(dest, data, 0o644)
+        sha = hashlib.sha256(data).hexdigest()
+        room.update_state(captured={"patch": str(dest), "sha256": sha, "tree": tree})
+        return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files)

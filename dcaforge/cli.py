@@ -1,0 +1,213 @@
+"""The command line (the only module that knows typer and rich): parse, call, print."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
+
+from . import __version__
+from .config import Config, load_config
+from .errors import DcaforgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="dcaforge.yaml to use "
+                                                "(default: ./dcaforge.yaml, else the built-in upstream default)")]
+T = TypeVar("T")
+
+
+def _call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except DcaforgeError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc.message))}", markup=True)
+        if exc.where:
+            err.print(f"  [dim]where:[/] {escape(str(exc.where))}", markup=True)
+        if exc.details:
+            for line in exc.details.rstrip().splitlines():
+                err.print(f"    {line}", markup=False)
+        if exc.hint:
+            err.print(f"  [bold]next:[/] {escape(str(exc.hint))}", markup=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[bold yellow]interrupted[/]: the clean room is at the last completed step; "
+                  "`dcaforge apply --continue` resumes", markup=True)
+        raise typer.Exit(130) from None
+
+
+def _config(path: Path | None) -> Config:
+    return _call(lambda: load_config(path))
+
+
+@app.callback()
+def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log every command run")] = False,
+          version: Annotated[bool, typer.Option("--version", help="print the version")] = False) -> None:
+    if version:
+        out.print(f"dcaforge {__version__}")
+        raise typer.Exit(0)
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+
+
+@app.command()
+def apply(
+    config: ConfigOpt = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="delete the clean room (only one dcaforge made) and start over")] = False,
+    cont: Annotated[bool, typer.Option("--continue", help="resume after a failed or interrupted apply")] = False,
+    include_wip: Annotated[bool, typer.Option("--include-wip", help="copy the source checkout's uncommitted files into the new clean room")] = False,
+    no_render: Annotated[bool, typer.Option("--no-render", help="stop at the baseline")] = False,
+) -> None:
+    """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
+    from .series import ApplyHooks, Patch
+    from .series import apply as do_apply
+
+    cfg = _config(config)
+    err.print(f"[bold]dcaforge apply[/] {escape(str(cfg.describe()))} -> {escape(str(cfg.room))}", markup=True)
+
+    def on_patch(i: int, n: int, p: Patch) -> None:
+        err.print(f"  [{i + 1}/{n}] {p.name} ({p.style})", markup=False)
+
+    def on_step(s: str) -> None:
+        err.print(f"  {s}", markup=False)
+
+    res = _call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
+                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step)))
+    out.print(f"clean room: {res.room}")
+    out.print(f"source:     {res.source}")
+    out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"
+              + (f", {res.skipped_to} already" if res.skipped_to else "") + ")")
+    out.print(f"baseline:   {res.baseline}  (tag dcaforge/baseline)")
+    if res.render is not None:
+        r = res.render
+        out.print(f"rendered:   {len(r.written)} written, {len(r.unchanged)} unchanged, {len(r.restored)} restored")
+    for note in res.notes:
+        out.print(f"note:       {note}")
+    if res.wip_included:
+        out.print(f"included uncommitted files: {', '.join(res.wip_included)}")
+    elif res.wip_left_behind:
+        out.print(f"[yellow]left behind[/] (uncommitted in the source checkout; --include-wip copies them): "
+                  f"{escape(str(', '.join(res.wip_left_behind)))}", markup=True)
+
+
+@app.command()
+def render(
+    config: ConfigOpt = None,
+    check: Annotated[bool, typer.Option("--check", help="change nothing; report whether each anchor fits")] = False,
+    tree: Annotated[Path | None, typer.Option("--tree", help="with --check: check this folder instead of the baseline")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite hand edits in rendered files")] = False,
+) -> None:
+    """Render the feature templates into the clean room (idempotent)."""
+    from . import render as rmod
+
+    cfg = _config(config)
+    if check or tree is not None:
+        res = _call(lambda: rmod.check(cfg, tree))
+        table = Table(title=f"anchors on {res.tree}", show_lines=False)
+        for col in ("#", "file", "action", "matches", "status", "note"):
+            table.add_column(col)
+        for e in res.edits:
+            style = "green" if e.status == "ok" else ("dim" if e.status == "skipped" else "red")
+            table.add_row(str(e.index), e.file or "-", e.action, f"{e.matches}/{e.count}",
+                          Text(e.status, style=style), e.note)
+        out.print(table)
+        for e in res.edits:
+            if not e.fits and e.closest:
+                out.print(f"edit #{e.index} anchor {e.anchor!r}; {'closest' if e.status == 'missing' else 'matched'} lines:")
+                for c in e.closest:
+                    out.print(f"    {c}", markup=False)
+        for dest, what in res.files:
+            out.print(f"file {dest}: {what}")
+        if not res.ok:
+            err.print("some anchors do not fit", style="red")
+            raise typer.Exit(2)
+        return
+    r = _call(lambda: rmod.render(cfg, force=force))
+    for rel in r.written:
+        out.print(f"written   {rel}")
+    for rel in r.restored:
+        out.print(f"restored  {rel}")
+    out.print(f"{len(r.written)} written, {len(r.unchanged)} unchanged, {len(r.restored)} restored")
+
+
+@app.command()
+def capture(
+    config: ConfigOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write here instead of the series folder")] = None,
+) -> None:
+    """Diff baseline -> clean-room work tree into patches/NNNN-name.patch (deterministic bytes)."""
+    from .capture import capture as do_capture
+
+    cfg = _config(config)
+    res = _call(lambda: do_capture(cfg, output))
+    out.print(f"{'wrote' if res.written else 'unchanged'} {res.path} ({res.size} bytes, {len(res.files)} files, "
+              f"sha256 {res.sha256[:16]})")
+
+
+@app.command()
+def verify(
+    file: Annotated[Path | None, typer.Argument(help="patch to verify (default: the feature's patch)")] = None,
+    config: ConfigOpt = None,
+    fresh_render: Annotated[bool, typer.Option("--fresh-render", help="also require the patch to equal a fresh render of the templates")] = False,
+) -> None:
+    """Round-trip check: forward-apply gives the captured tree, reverse-apply the baseline."""
+    from .verify import verify as do_verify
+
+    cfg = _config(config)
+    res = _call(lambda: do_verify(cfg, file, fresh_render=fresh_render))
+    out.print(f"ok: {res.patch.name} forward-applies to the {res.expected_from} tree {res.forward_tree[:12]} "
+              f"and reverse-applies to the baseline tree {res.reverse_tree[:12]}")
+    if res.fresh_render:
+        out.print("ok: byte-identical to a fresh render of the templates")
+    for n in res.notes:
+        out.print(f"note: {n}")
+
+
+@app.command()
+def status(
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Source, series progress, baseline, render and patch freshness."""
+    from .status import status as do_status
+
+    cfg = _config(config)
+    res = _call(lambda: do_status(cfg))
+    if as_json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, sort_keys=True) + "\n")
+        return
+    rows: list[tuple[str, Any]] = [
+        ("config", res.config), ("source", res.source), ("clean room", res.room + ("" if res.room_exists else " (none)")),
+        ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
+                                      + (" (series changed since apply)" if res.series_changed else "")),
+        ("baseline", res.baseline or "-"),
+        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")),
+        ("hand edits", ", ".join(res.dirty) or "none"),
+        ("patch", f"{res.patch} ({res.patch_state})"),
+    ]
+    if res.failed:
+        rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
+    if res.source_uncommitted:
+        rows.append(("source wip", ", ".join(res.source_uncommitted)))
+    for k, v in rows:
+        out.print(f"{k:<11} {v}", markup=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,492 @@
+"""Render a feature folder (``manifest.yaml`` + Jinja templates) into the clean room.
+
+Every touched file starts from its content in the baseline commit, so rendering twice gives
+the same bytes. Anchors are Python regexes that must match exactly ``count`` times; a missing
+or ambiguous anchor names the manifest, the edit, the target file, the anchor and the
+closest lines found. ``check`` reports per edit whether it fits, writing nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import jinja2
+
+from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
+from .config import Config
+from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
+from .git import git, rev_parse, status_porcelain
+from .yamlio import Reader, load_yaml
+
+ACTIONS = ("insert_before", "insert_after", "replace")
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    index: int
+    line: int
+    template: str
+    dest: str
+    mode: int | None
+    when_exists: str | None
+
+
+@dataclass(frozen=True)
+class EditSpec:
+    index: int
+    line: int
+    files: tuple[str, ...]
+    when_exists: str | None
+    anchor: str
+    count: int
+    action: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    folder: Path
+    files: tuple[FileSpec, ...]
+    edits: tuple[EditSpec, ...]
+
+    def where(self, line: int) -> str:
+        return f"{self.path}:{line}"
+
+
+def _mode(r: Reader, value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        mode = int(str(value), 8)
+    except ValueError:
+        raise r.error("mode", f"'{r.key('mode')}' must be an octal string like \"0644\", got {value!r}") from None
+    if mode not in (0o644, 0o755):
+        raise r.error("mode", f"'{r.key('mode')}' must be \"0644\" or \"0755\" (what git records), got {value!r}")
+    return mode
+
+
+def _relpath(r: Reader, key: str, value: str) -> str:
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts or not value.strip():
+        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}")
+    return p.as_posix()
+
+
+def load_manifest(folder: Path) -> Manifest:
+    path = folder / "manifest.yaml"
+    if not path.is_file():
+        raise ConfigError(f"no manifest.yaml in the feature folder {folder}", where=str(path),
+                          hint="check feature.templates in the config")
+    file = str(path)
+    top = Reader(load_yaml(path), file)
+    top.check_keys({"files", "edits"})
+    files: list[FileSpec] = []
+    raw_files = top.get("files", list, default=[])
+    for i, item in enumerate(raw_files):
+        line = top.list_lines("files")[i]
+        r = Reader(item, file, f"files[{i}]", line)
+        r.check_keys({"template", "dest", "mode", "when_exists"})
+        template = _relpath(r, "template", r.get("template", str, required=True))
+        if not (folder / template).is_file():
+            raise r.error("template", f"template file not found: {folder / template}")
+        when = r.get("when_exists", str)
+        files.append(FileSpec(index=i, line=line, template=template,
+                              dest=_relpath(r, "dest", r.get("dest", str, required=True)),
+                              mode=_mode(r, r.get("mode", (str, int))),
+                              when_exists=_relpath(r, "when_exists", when) if when else None))
+    edits: list[EditSpec] = []
+    for i, item in enumerate(top.get("edits", list, default=[])):
+        line = top.list_lines("edits")[i]
+        r = Reader(item, file, f"edits[{i}]", line)
+        r.check_keys({"file", "when_exists", "anchor", "count", "action", "text"})
+        target = r.get("file", (str, list), required=True)
+        cands = [target] if isinstance(target, str) else list(target)
+        if not cands or not all(isinstance(c, str) for c in cands):
+            raise r.error("file", f"'{r.key('file')}' must be a path or a non-empty list of paths")
+        anchor = r.get("anchor", str, required=True)
+        try:
+            re.compile(anchor)
+        except re.error as exc:
+            raise r.error("anchor", f"'{r.key('anchor')}' is not a valid regex: {exc}") from None
+        action = r.get("action", str, required=True)
+        if action not in ACTIONS:
+            raise r.error("action", f"'{r.key('action')}' must be one of {', '.join(ACTIONS)}, got {action!r}")
+        count = r.get("count", int, default=1)
+        if count < 1:
+            raise r.error("count", f"'{r.key('count')}' must be at least 1, got {count}")
+        when = r.get("when_exists", str)
+        edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
+                              when_exists=_relpath(r, "when_exists", when) if when else None,
+                              anchor=anchor, count=count, action=action,
+                              text=r.get("text", str, required=True)))
+    return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
+
+
+def manifest_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+# --- trees the renderer reads from ------------------------------------------------------
+
+class Tree(Protocol):
+    def exists(self, rel: str) -> bool: ...
+    def read(self, rel: str) -> bytes: ...
+    def mode(self, rel: str) -> int: ...
+
+
+class GitTree:
+    """A commit of a repository, read with ls-tree / cat-file (no checkout)."""
+
+    def __init__(self, repo: Path, rev: str) -> None:
+        self.repo = repo
+        self.rev = rev
+        out = git(repo, "ls-tree", "-r", "-z", "--full-tree", rev).stdout
+        self.entries: dict[str, tuple[int, str]] = {}
+        self.dirs: set[str] = set()
+        for item in out.split("\0"):
+            if not item:
+                continue
+            meta, path = item.split("\t", 1)
+            mode, _kind, sha = meta.split()
+            self.entries[path] = (int(mode, 8), sha)
+            parts = path.split("/")
+            for j in range(1, len(parts)):
+                self.dirs.add("/".join(parts[:j]))
+
+    def exists(self, rel: str) -> bool:
+        return rel in self.entries or rel in self.dirs
+
+    def is_file(self, rel: str) -> bool:
+        return rel in self.entries
+
+    def read(self, rel: str) -> bytes:
+        return git(self.repo, "cat-file", "blob", self.entries[rel][1]).stdout_bytes
+
+    def mode(self, rel: str) -> int:
+        return 0o755 if self.entries[rel][0] & 0o111 else 0o644
+
+
+class DirTree:
+    """A plain folder (``render --check --tree DIR``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def is_file(self, rel: str) -> bool:
+        return (self.root / rel).is_file()
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def mode(self, rel: str) -> int:
+        return 0o755 if (self.root / rel).stat().st_mode & 0o111 else 0o644
+
+
+# --- planning -----------------------------------------------------------------------------
+
+@dataclass
+class EditReport:
+    index: int
+    manifest_line: int
+    action: str
+    anchor: str
+    count: int
+    file: str | None = None  # the file chosen, relative to llama_cpp_dir
+    matches: int = 0
+    status: str = "ok"  # ok | skipped | missing | ambiguous | no-file
+    match_lines: list[int] = field(default_factory=list)
+    closest: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.status in ("ok", "skipped")
+
+
+@dataclass
+class Plan:
+    outputs: dict[str, tuple[bytes, int]]  # path relative to the room -> (bytes, mode)
+    edits: list[EditReport]
+    files: list[tuple[str, str]]  # (dest, "rendered" | "skipped")
+
+
+def _anchor_literal(anchor: str) -> str:
+    s = re.sub(r"\(\?[aiLmsux]+\)", "", anchor)
+    s = re.sub(r"\(\?P<\w+>|\(\?:|\(\?=|\(\?!", "", s)
+    s = re.sub(r"\\[sS][*+?]?|\\[dDwW][*+?]?", " ", s)
+    s = re.sub(r"(?<!\\)[\^$()]", "", s)
+    s = re.sub(r"\\(.)", r"\1", s)
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def closest_lines(text: str, anchor: str, n: int = 3) -> list[str]:
+    literal = _anchor_literal(anchor)
+    scored = []
+    for i, line in enumerate(text.splitlines(), 1):
+        norm = re.sub(r"\s+", " ", line).strip()
+        if not norm:
+            continue
+        sm = difflib.SequenceMatcher(None, literal, norm, autojunk=False)
+        if sm.real_quick_ratio() < 0.3 or sm.quick_ratio() < 0.3:
+            continue
+        scored.append((sm.ratio(), i, line.rstrip()))
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return [f"{i}: {line}" for _r, i, line in scored[:n]]
+
+
+def _context(cfg: Config) -> dict[str, Any]:
+    return {
+        "vars": cfg.feature.vars,
+        "marker": cfg.feature.marker,
+        "marker_comment": cfg.feature.marker,
+        "feature": {"number": cfg.feature.number, "name": cfg.feature.name,
+                    "id": f"{cfg.feature.number:04d}-{cfg.feature.name}"},
+        "llama_cpp_dir": cfg.llama_cpp_dir,
+    }
+
+
+def _env(folder: Path) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def _render_str(env: jinja2.Environment, source: str, ctx: dict[str, Any], where: str) -> str:
+    try:
+        return env.from_string(source).render(ctx)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"template error: {exc}", where=where,
+                          hint="the context has: vars, marker, marker_comment, feature, llama_cpp_dir") from None
+
+
+def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], folder: Path) -> str:
+    try:
+        return env.get_template(template).render(ctx)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"template syntax error: {exc.message}", where=f"{folder / template}:{exc.lineno}") from None
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"template error: {exc}", where=str(folder / template),
+                          hint="the context has: vars, marker, marker_comment, feature, llama_cpp_dir") from None
+
+
+def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) -> Plan:
+    """Compute what rendering writes (nothing is written). ``check``: collect every edit's
+    report instead of raising at the first that does not fit."""
+    env = _env(manifest.folder)
+    ctx = _context(cfg)
+    prefix = "" if cfg.llama_cpp_dir == "." else cfg.llama_cpp_dir.rstrip("/") + "/"
+    outputs: dict[str, tuple[bytes, int]] = {}
+    files_report: list[tuple[str, str]] = []
+
+    def exists(rel: str) -> bool:
+        return (prefix + rel) in outputs or tree.exists(prefix + rel)
+
+    for spec in manifest.files:
+        if spec.when_exists and not exists(spec.when_exists):
+            files_report.append((spec.dest, "skipped"))
+            continue
+        text = _render_file(env, spec.template, ctx, manifest.folder)
+        full = prefix + spec.dest
+        mode = spec.mode if spec.mode is not None else (tree.mode(full) if tree.exists(full) else 0o644)
+        outputs[full] = (text.encode("utf-8"), mode)
+        files_report.append((spec.dest, "rendered"))
+
+    texts: dict[str, str] = {}
+    reports: list[EditReport] = []
+    for spec in manifest.edits:
+        rep = EditReport(index=spec.index, manifest_line=spec.line, action=spec.action, anchor=spec.anchor,
+                         count=spec.count)
+        reports.append(rep)
+        if spec.when_exists and not exists(spec.when_exists):
+            rep.status = "skipped"
+            rep.note = f"{spec.when_exists} does not exist"
+            continue
+        chosen = next((c for c in spec.files if exists(c)), None)
+        if chosen is None:
+            rep.status = "no-file"
+            rep.note = "none of " + ", ".join(spec.files) + " exists"
+            if not check:
+                raise MismatchError(
+                    f"edit #{spec.index} of {manifest.path.name}: no target file exists ({', '.join(spec.files)})",
+                    where=manifest.where(spec.line),
+                    hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:'")
+            continue
+        rep.file = chosen
+        full = prefix + chosen
+        if full not in texts:
+            if full in outputs:
+                texts[full] = outputs[full][0].decode("utf-8")
+            else:
+                texts[full] = tree.read(full).decode("utf-8")
+        text = texts[full]
+        rx = re.compile(spec.anchor)
+        found = list(rx.finditer(text))
+        rep.matches = len(found)
+        rep.match_lines = [text.count("\n", 0, m.start()) + 1 for m in found]
+        if len(found) != spec.count:
+            rep.status = "missing" if not found else "ambiguous"
+            rep.closest = closest_lines(text, spec.anchor) if not found else \
+                [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in rep.match_lines[:5]]
+            if not check:
+                what = "matches nowhere" if not found else f"matches {len(found)} times, expected {spec.count}"
+                raise MismatchError(
+                    f"edit #{spec.index} of {manifest.path.name}: anchor {what} in {full}",
+                    where=f"{manifest.where(spec.line)} -> {full}",
+                    details=f"anchor: {spec.anchor}\n" + ("closest lines:\n" if not found else "matched lines:\n")
+                    + "\n".join("  " + c for c in rep.closest),
+                    hint=f"adjust the anchor (try `dcaforge render --check`), or guard the edit with 'when_exists:'")
+            continue
+        body = _render_str(env, spec.text, ctx, f"{manifest.where(spec.line)} (edits[{spec.index}].text)")
+        for m in reversed(found):
+            if spec.action == "insert_before":
+                text = text[: m.start()] + body + text[m.start():]
+            elif spec.action == "insert_after":
+                text = text[: m.end()] + body + text[m.end():]
+            else:
+                try:
+                    repl = m.expand(body)
+                except (re.error, IndexError) as exc:
+                    raise ConfigError(f"edit #{spec.index}: bad group reference in 'text': {exc}",
+                                      where=manifest.where(spec.line)) from None
+                text = text[: m.start()] + repl + text[m.end():]
+        texts[full] = text
+    for full, text in texts.items():
+        mode = outputs[full][1] if full in outputs else tree.mode(full)
+        outputs[full] = (text.encode("utf-8"), mode)
+    return Plan(outputs=outputs, edits=reports, files=files_report)
+
+
+# --- render into the room, and check ------------------------------------------------------
+
+@dataclass
+class RenderResult:
+    room: Path
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    edits: list[EditReport] = field(default_factory=list)
+    files: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class CheckResult:
+    tree: str
+    edits: list[EditReport]
+    files: list[tuple[str, str]]
+
+    @property
+    def ok(self) -> bool:
+        return all(e.fits for e in self.edits)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _current(path: Path) -> tuple[bytes, int] | None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return path.read_bytes(), (0o755 if st.st_mode & 0o111 else 0o644)
+
+
+def hand_edited_files(room: Room, state: dict[str, Any]) -> list[str]:
+    """Files that differ from HEAD in the room and are not exactly what the last render wrote."""
+    rendered: dict[str, str] = state.get("rendered") or {}
+    out = []
+    for entry in status_porcelain(room.path):
+        rel = entry[3:]
+        cur = _current(room.path / rel)
+        if cur is not None and rendered.get(rel) == _sha(cur[0]):
+            continue
+        out.append(rel)
+    return sorted(out)
+
+
+def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderResult:
+    """Render the feature into the clean room's work tree (called with the room locked)."""
+    manifest = load_manifest(cfg.feature.templates)
+    baseline = rev_parse(room.path, BASELINE_TAG)
+    if baseline is None:
+        raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
+                            where=str(room.path), hint="dcaforge apply --continue")
+    tree = GitTree(room.path, baseline)
+    p = plan(cfg, tree, manifest)
+    state = room.load_state()
+    previous: dict[str, str] = state.get("rendered") or {}
+    touched = set(p.outputs) | set(previous)
+    if not force:
+        hand = [f for f in hand_edited_files(room, state) if f in touched]
+        if hand:
+            raise SafetyError(f"rendering would overwrite hand edits in {', '.join(hand)}",
+                              where=str(room.path),
+                              hint="`dcaforge capture` them first (then render), or `dcaforge render --force`")
+    result = RenderResult(room=room.path, edits=p.edits, files=p.files)
+    for rel in sorted(p.outputs):
+        data, mode = p.outputs[rel]
+        dest = room.path / rel
+        if _current(dest) == (data, mode):
+            result.unchanged.append(rel)
+            continue
+        if dest.is_symlink() or dest.is_dir():
+            raise SafetyError(f"render target {rel} is a symlink or a folder", where=str(dest))
+        write_atomic(dest, data, mode)
+        result.written.append(rel)
+    for rel in sorted(set(previous) - set(p.outputs)):
+        dest = room.path / rel
+        if tree.is_file(rel):
+            data = tree.read(rel)
+            mode = tree.mode(rel)
+            if _current(dest) != (data, mode):
+                write_atomic(dest, data, mode)
+        elif dest.exists() or dest.is_symlink():
+            os.unlink(dest)
+        result.restored.append(rel)
+    room.update_state(rendered={rel: _sha(d) for rel, (d, _m) in sorted(p.outputs.items())},
+                      templates_digest=manifest_digest(cfg.feature.templates))
+    return result
+
+
+def render(cfg: Config, *, force: bool = False) -> RenderResult:
+    """``dcaforge render``."""
+    room = Room.of(cfg)
+    room.require()
+    with locked(room):
+        return render_feature(cfg, room, force=force)
+
+
+def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
+    """``dcaforge render --check``: which edits fit the baseline (or ``tree_dir``); writes nothing."""
+    manifest = load_manifest(cfg.feature.templates)
+    tree: Tree
+    if tree_dir is not None:
+        if not tree_dir.is_dir():
+            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
+        tree, label = DirTree(tree_dir), str(tree_dir)
+    else:
+        room = Room.of(cfg)
+        room.require()
+        baseline = rev_parse(room.path, BASELINE_TAG)
+        if baseline is None:
+            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path),
+                                hint="dcaforge apply --continue")
+        tree, label = GitTree(room.path, baseline), f"{room.path} @ {BASELINE_TAG}"
+    p = plan(cfg, tree, manifest, check=True)
+    return CheckResult(tree=label, edits=p.edits, files=p.files)

@@ -1,0 +1,565 @@
+"""The patch series: finding it, applying it one commit per patch, and ``dcaforge apply``.
+
+git-style patches go through ``git apply --index --whitespace=nowarn`` and, when the blobs
+of their ``index`` lines exist, a ``--3way`` retry; plain unified diffs (llamafile's own
+patches) through ``patch -p1 --fuzz=0`` (dry run first, so a failure writes nothing). Never
+fuzz. On failure the room is put back at the last good patch and the error names the patch,
+the file, the hunk header and the tool's reason, and how to resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
+from .config import Config
+from .errors import CommandError, ConfigError, DcaforgeError, MismatchError, SafetyError
+from .git import git, git_out, patch_cmd, rev_parse, run, status_porcelain
+from .source import BaseSource, prepare
+
+_NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
+TRAILER = "dcaforge-patch"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    number: int | None
+    style: str  # "git" (git apply) or "gnu" (patch -p1)
+    sha256: str
+
+    @property
+    def stem(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Hunk:
+    file: str
+    index: int  # 1-based, within its file
+    header: str
+    old_start: int
+    line: int  # line in the patch file
+
+
+# --- discovery ------------------------------------------------------------------------
+
+def _load_patch(path: Path, name: str) -> Patch:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path)) from None
+    m = _NUMBERED.match(path.name)
+    style = "git" if re.search(rb"^diff --git ", data, re.M) else "gnu"
+    return Patch(name=name, path=path, number=int(m.group(1)) if m else None, style=style,
+                 sha256=hashlib.sha256(data).hexdigest())
+
+
+def discover(cfg: Config) -> list[Patch]:
+    """The series in order: the series file, else the numbered patches in ``range``, else
+    every numbered patch below the feature's number (an empty series is fine)."""
+    sdir = cfg.series.dir
+    feature_name = cfg.feature.patch_name
+    if cfg.series.file is not None:
+        sfile = cfg.series.file
+        if not sfile.is_file():
+            raise ConfigError(f"series file not found: {sfile}", where="series.file",
+                              hint=f"create {sfile} listing one patch per line, or use series.range")
+        out: list[Patch] = []
+        for lineno, raw in enumerate(sfile.read_text(encoding="utf-8").splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            name, *opts = line.split()
+            if any(o != "-p1" for o in opts):
+                raise ConfigError(f"unsupported option in series file: {' '.join(opts)}",
+                                  where=f"{sfile}:{lineno}", hint="only -p1 patches are supported")
+            p = sdir / name
+            if not p.is_file():
+                raise ConfigError(f"patch listed in the series file does not exist: {name}",
+                                  where=f"{sfile}:{lineno}")
+            out.append(_load_patch(p, name))
+        return out
+    if not sdir.is_dir():
+        if cfg.series.range is not None:
+            raise ConfigError(f"series folder not found: {sdir}", where="series.dir")
+        return []
+    by_number: dict[int, Path] = {}
+    for p in sorted(sdir.iterdir()):
+        m = _NUMBERED.match(p.name)
+        if not m or not p.is_file() or p.name == feature_name:
+            continue
+        n = int(m.group(1))
+        if cfg.series.range is not None:
+            lo, hi = cfg.series.range
+            if not lo <= n <= hi:
+                continue
+        elif n >= cfg.feature.number:
+            continue
+        if n in by_number:
+            raise ConfigError(f"two patches numbered {n:04d}: {by_number[n].name} and {p.name}",
+                              where=str(sdir), hint="renumber one of them")
+        by_number[n] = p
+    return [_load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
+
+
+# --- parsing hunks, for reports ------------------------------------------------------------
+
+def _strip_path(raw: str, strip: int) -> str:
+    path = raw.split("\t", 1)[0].strip()
+    if path.startswith('"') and path.endswith('"'):
+        path = path[1:-1]
+    if path == "/dev/null":
+        return path
+    parts = path.split("/")
+    return "/".join(parts[strip:]) if len(parts) > strip else path
+
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_hunks(text: str, strip: int = 1) -> list[Hunk]:
+    hunks: list[Hunk] = []
+    lines = text.splitlines()
+    cur = "?"
+    old = "?"
+    idx = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git "):
+            m = re.match(r'diff --git "?a/(.+?)"? "?b/(.+?)"?$', line)
+            cur = m.group(2) if m else cur
+            idx = 0
+        elif line.startswith("--- "):
+            old = _strip_path(line[4:], strip)
+        elif line.startswith("+++ "):
+            new = _strip_path(line[4:], strip)
+            cur = old if new == "/dev/null" else new
+            idx = 0
+        else:
+            m = _HUNK_RE.match(line)
+            if m:
+                idx += 1
+                hunks.append(Hunk(file=cur, index=idx, header=line, old_start=int(m.group(1)), line=i + 1))
+                old_n = int(m.group(2) or 1) if m.group(2) != "0" else 0
+                new_n = int(m.group(4) or 1) if m.group(4) != "0" else 0
+                while (old_n > 0 or new_n > 0) and i + 1 < len(lines):
+                    i += 1
+                    c = lines[i][:1]
+                    if c == " " or lines[i] == "":
+                        old_n -= 1
+                        new_n -= 1
+                    elif c == "-":
+                        old_n -= 1
+                    elif c == "+":
+                        new_n -= 1
+        i += 1
+    return hunks
+
+
+@dataclass(frozen=True)
+class Failure:
+    patch: Patch
+    file: str | None
+    hunk: Hunk | None
+    reason: str
+
+
+def _find_hunk(hunks: list[Hunk], file: str | None, *, old_start: int | None = None,
+               index: int | None = None) -> Hunk | None:
+    cands = [h for h in hunks if h.file == file]
+    for h in cands:
+        if (old_start is not None and h.old_start == old_start) or (index is not None and h.index == index):
+            return h
+    return cands[0] if cands else None
+
+
+def _git_failure(patch: Patch, stderr: str) -> Failure:
+    text = patch.path.read_text(encoding="utf-8", errors="replace")
+    hunks = parse_hunks(text)
+    reason_lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    m = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.M)
+    if m:
+        file = m.group(1)
+        return Failure(patch, file, _find_hunk(hunks, file, old_start=int(m.group(2))), "\n".join(reason_lines))
+    m = re.search(r"^error: (.+?): (.+)$", stderr, re.M)
+    if m and not m.group(1).startswith(("corrupt patch", "unrecognized input", "No valid patches")):
+        file = m.group(1)
+        return Failure(patch, file, _find_hunk(hunks, file), "\n".join(reason_lines))
+    return Failure(patch, None, None, "\n".join(reason_lines) or "git apply failed")
+
+
+def _gnu_failure(patch: Patch, output: str) -> Failure:
+    text = patch.path.read_text(encoding="utf-8", errors="replace")
+    hunks = parse_hunks(text)
+    cur: str | None = None
+    for line in output.splitlines():
+        m = re.match(r"^(?:checking|patching) file (.+)$", line)
+        if m:
+            cur = m.group(1).strip().strip("'")
+            continue
+        m = re.match(r"^Hunk #(\d+) FAILED at (\d+)", line)
+        if m:
+            return Failure(patch, cur, _find_hunk(hunks, cur, index=int(m.group(1))), output.strip())
+        if "can't find file to patch" in line or "No file to patch" in line or "Skipping patch" in line \
+                or "already exists" in line or "Only garbage" in line or "malformed patch" in line:
+            return Failure(patch, cur, _find_hunk(hunks, cur) if cur else None, output.strip())
+    return Failure(patch, cur, None, output.strip() or "patch failed")
+
+
+def _preimages_exist(room: Path, patch: Patch) -> bool:
+    text = patch.path.read_text(encoding="utf-8", errors="replace")
+    olds = re.findall(r"^index ([0-9a-f]{7,64})\.\.[0-9a-f]+", text, re.M)
+    olds = [o for o in olds if set(o) != {"0"}]
+    if not olds:
+        return False
+    res = git(room, "cat-file", "--batch-check", input="".join(f"{o}\n" for o in olds).encode(), check=False)
+    return res.ok and "missing" not in res.stdout
+
+
+def apply_one(room: Path, patch: Patch) -> tuple[Failure | None, str]:
+    """Apply ``patch`` to the work tree and index of ``room`` (not committed).
+
+    Returns (failure, method); on failure nothing was changed that a reset would not undo.
+    """
+    if patch.style == "git":
+        res = git(room, "apply", "--index", "--whitespace=nowarn", str(patch.path), check=False)
+        if res.ok:
+            return None, "git apply"
+        if _preimages_exist(room, patch):
+            three = git(room, "apply", "--index", "--3way", "--whitespace=nowarn", str(patch.path), check=False)
+            if three.ok:
+                return None, "git apply --3way"
+            fail = _git_failure(patch, res.stderr)
+            return Failure(fail.patch, fail.file, fail.hunk,
+                           fail.reason + "\n3-way merge: " + (three.stderr.strip() or "conflicts")), "git apply --3way"
+        return _git_failure(patch, res.stderr), "git apply"
+    dry = patch_cmd(room, patch.path, dry_run=True)
+    if not dry.ok:
+        return _gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
+    real = patch_cmd(room, patch.path, dry_run=False)
+    if not real.ok:
+        return _gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
+    git(room, "add", "-A", ".")
+    return None, "patch -p1"
+
+
+def commit_message(patch: Patch, note: str = "") -> str:
+    msg = f"{patch.stem}\n\n{TRAILER}: {patch.name}\ndcaforge-sha256: {patch.sha256}\n"
+    if note:
+        msg += f"dcaforge-note: {note}\n"
+    return msg
+
+
+def applied_names(room: Path) -> list[str]:
+    """Names of the patches committed on top of the start tag, in order."""
+    out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD")
+    names = []
+    for body in out.split("\0"):
+        m = re.search(rf"^{TRAILER}: (.+)$", body, re.M)
+        if m:
+            names.append(m.group(1).strip())
+    return names
+
+
+# --- the apply command ------------------------------------------------------------------
+
+@dataclass
+class ApplyHooks:
+    """Callbacks the CLI uses for progress (and tests to interrupt at a chosen patch)."""
+
+    on_patch: Callable[[int, int, Patch], None] | None = None
+    on_step: Callable[[str], None] | None = None
+
+
+@dataclass
+class ApplyResult:
+    room: Path
+    source: str
+    start: str
+    total: int
+    applied_now: list[str] = field(default_factory=list)
+    skipped_to: int = 0  # patches already applied before this run
+    methods: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None
+    created: bool = False
+    wip_included: list[str] = field(default_factory=list)
+    wip_left_behind: list[str] = field(default_factory=list)
+    render: Any = None  # render.RenderResult, or None when the feature has no templates yet
+    notes: list[str] = field(default_factory=list)
+
+
+def _series_record(patches: list[Patch]) -> list[dict[str, str]]:
+    return [{"name": p.name, "sha256": p.sha256, "style": p.style} for p in patches]
+
+
+def _failure_error(fail: Failure, room: Path, index: int, total: int) -> MismatchError:
+    where = f"{fail.patch.path}"
+    if fail.file:
+        where += f", file {fail.file}"
+    if fail.hunk:
+        where += f", hunk #{fail.hunk.index} {fail.hunk.header} (patch line {fail.hunk.line})"
+    return MismatchError(
+        f"patch {index + 1}/{total} {fail.patch.name} does not apply; the clean room stays at the last good "
+        f"patch ({index}/{total})",
+        where=where,
+        details=fail.reason,
+        hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`, or resolve it by hand in {room} "
+              f"(e.g. `git -C {room} apply --3way --reject {fail.patch.path}`) and run `dcaforge apply --continue` "
+              f"to commit your resolution as this patch; `dcaforge apply --fresh` starts over"),
+    )
+
+
+def _copy_wip(base: BaseSource, room: Path) -> list[str]:
+    info = base.checkout
+    if info is None:
+        return []
+    copied: list[str] = []
+    for rel in info.uncommitted:
+        src = info.toplevel / rel
+        dst = room / rel
+        if src.is_dir() and not src.is_symlink():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)  # reads the source, writes only the room
+        copied.append(rel)
+    for rel in info.deleted:
+        dst = room / rel
+        if dst.is_file() or dst.is_symlink():
+            dst.unlink()
+            copied.append(rel)
+    return copied
+
+
+def _flatten_submodules(room: Path) -> list[str]:
+    """Make submodules plain folders of the room's tree, so one diff covers everything."""
+    out = git_out(room, "submodule", "status", "--recursive")
+    paths = [ln.split()[1] for ln in out.splitlines() if ln.strip()]
+    for sub in sorted(paths, key=lambda p: -p.count("/")):
+        gitfile = room / sub / ".git"
+        if gitfile.is_file() or gitfile.is_symlink():
+            gitfile.unlink()
+        elif gitfile.is_dir():
+            shutil.rmtree(gitfile)
+    for sub in sorted(paths, key=lambda p: -p.count("/")):
+        git(room, "rm", "-q", "--cached", sub)
+        git(room, "add", "-f", sub)
+    if paths:
+        git(room, "commit", "-q", "--no-verify", "-m", "dcaforge: flatten submodules into the tree\n")
+    return paths
+
+
+def _run_bootstrap(cfg: Config, room: Path) -> None:
+    for step in cfg.bootstrap:
+        argv = ["bash", "-euo", "pipefail", "-c", step] if isinstance(step, str) else list(step)
+        run(argv, room, what=f"bootstrap step {step!r}",
+            hint=f"fix the bootstrap step in {cfg.describe()} and run `dcaforge apply --fresh`")
+    if cfg.bootstrap:
+        git(room, "add", "-A", ".")
+        if git(room, "diff", "--cached", "--quiet", check=False).returncode != 0:
+            git(room, "commit", "-q", "--no-verify", "-m", "dcaforge: bootstrap\n")
+
+
+def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result: ApplyResult,
+            hooks: ApplyHooks) -> None:
+    room.check_can_create()
+    room.workspace.mkdir(parents=True, exist_ok=True)
+    tmp = room.workspace / f".{room.path.name}.creating"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    step = hooks.on_step or (lambda s: None)
+    try:
+        step(f"cloning {base.description}")
+        clone = ["clone", "-q", "--no-checkout"]
+        if base.checkout is not None:
+            clone.append("--no-hardlinks")  # never share inodes with the user's repository
+        git(room.workspace, *clone, base.clone_url, str(tmp),
+            hint="check source.git / source.ref in the config")
+        commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
+        if commit is None:
+            raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
+                              hint=f"git ls-remote {base.clone_url}")
+        step(f"checking out {commit[:12]}")
+        git(tmp, "checkout", "-q", "--detach", commit)
+        if base.submodules:
+            paths = [] if base.submodules is True else list(base.submodules)
+            git(tmp, "submodule", "update", "--init", "--recursive", "--", *paths,
+                hint="check the submodules' URLs in .gitmodules")
+            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))
+        if not (tmp / cfg.llama_cpp_dir).is_dir():
+            raise ConfigError(f"llama_cpp_dir {cfg.llama_cpp_dir!r} is not a folder of the source tree",
+                              where=f"llama_cpp_dir in {cfg.describe()}")
+        (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
+        if include_wip:
+            result.wip_included = _copy_wip(base, tmp)
+            git(tmp, "add", "-A", ".")
+            git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
+                "dcaforge: uncommitted work copied from the source checkout\n")
+        _run_bootstrap(cfg, tmp)
+        git(tmp, "tag", "-f", START_TAG, "HEAD")
+        marker = Room(tmp, room.workspace)
+        marker.mark({"config": cfg.describe(), "source": base.description})
+        marker.save_state({"phase": "created", "source": base.description, "base": commit,
+                           "start": git_out(tmp, "rev-parse", "HEAD"), "config": cfg.describe()})
+        if room.path.exists():
+            room.path.rmdir()  # an empty folder (check_can_create) or nothing
+        os.replace(tmp, room.path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.created = True
+
+
+def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
+    """Changes in the room that the last render did not make (hand edits)."""
+    from .render import hand_edited_files
+
+    return hand_edited_files(room, state)
+
+
+def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: bool = False,
+          render: bool = True, hooks: ApplyHooks | None = None) -> ApplyResult:
+    """``dcaforge apply``: make or refresh the clean room, apply the series, tag the baseline,
+    render the feature."""
+    hooks = hooks or ApplyHooks()
+    if fresh and cont:
+        raise DcaforgeError("--fresh and --continue exclude each other", hint="dcaforge apply --fresh")
+    patches = discover(cfg)  # check first: the series is readable
+    room = Room.of(cfg)
+    base = prepare(cfg)
+    result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
+    if base.checkout is not None:
+        result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)
+    with locked(room):
+        if room.exists() and room.is_ours():
+            state = room.load_state()
+            if fresh or state.get("phase") in (None, "creating"):
+                room.delete()
+            elif include_wip:
+                raise SafetyError("--include-wip only applies when the clean room is made",
+                                  where=str(room.path), hint="dcaforge apply --fresh --include-wip")
+        elif cont:
+            raise DcaforgeError("nothing to continue: there is no clean room yet", where=str(room.path),
+                                hint="dcaforge apply")
+        if not room.is_ours():
+            _create(cfg, room, base, include_wip, result, hooks)
+        state = room.load_state()
+        result.start = state["start"]
+        phase = state.get("phase")
+        names = applied_names(room.path)
+
+        if phase == "applied" and not cont:
+            if state.get("series") == _series_record(patches) and state.get("source") == base.description:
+                result.skipped_to = len(patches)
+                result.baseline = state.get("baseline")
+                result.notes.append("series unchanged since the last apply")
+                return _finish(cfg, room, result, render, rebuilt=False)
+            hand = _dirty_beyond_render(room, state)
+            if hand:
+                raise SafetyError(
+                    f"the series changed, and the clean room has changes the last render did not make: "
+                    f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
+                    where=str(room.path),
+                    hint="`dcaforge capture` them first, or `dcaforge apply --fresh` to discard them")
+            room.reset_hard(START_TAG)
+            names = []
+            result.notes.append("series changed: re-applied from the start")
+        elif phase in ("failed", "interrupted", "applying") and not cont:
+            at = state.get("failed", {}).get("patch") if phase == "failed" else None
+            raise DcaforgeError(
+                f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
+                f"({len(names)}/{len(patches)} patches applied)",
+                where=str(room.path),
+                hint="`dcaforge apply --continue` resumes from there; `dcaforge apply --fresh` starts over")
+
+        # names already applied must be a prefix of the series
+        if names != [p.name for p in patches[: len(names)]]:
+            raise DcaforgeError(
+                "the series changed under a half-applied clean room",
+                where=str(room.path),
+                details=f"applied: {', '.join(names[-3:]) or '(none)'}",
+                hint="dcaforge apply --fresh")
+        k = len(names)
+        if cont and phase == "failed" and k < len(patches):
+            if status_porcelain(room.path):
+                # the user resolved the failed patch by hand: commit it as that patch
+                git(room.path, "add", "-A", ".")
+                git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m",
+                    commit_message(patches[k], "resolved by hand"))
+                result.applied_now.append(patches[k].name)
+                result.methods[patches[k].name] = "resolved by hand"
+                k += 1
+        elif cont or phase in ("interrupted", "applying"):
+            room.reset_hard("HEAD")
+        result.skipped_to = k
+        room.update_state(phase="applying", series=_series_record(patches), failed=None, rendered=None)
+        _apply_range(room, patches, k, result, hooks)
+        baseline = room.head()
+        git(room.path, "tag", "-f", BASELINE_TAG, baseline)
+        room.update_state(phase="applied", baseline=baseline)
+        result.baseline = baseline
+        return _finish(cfg, room, result, render, rebuilt=True)
+
+
+def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
+    total = len(patches)
+    i = k
+    try:
+        for i in range(k, total):
+            patch = patches[i]
+            if hooks.on_patch:
+                hooks.on_patch(i, total, patch)
+            fail, method = apply_one(room.path, patch)
+            if fail is not None:
+                room.reset_hard("HEAD")
+                room.update_state(phase="failed", failed={
+                    "patch": patch.name, "index": i, "file": fail.file,
+                    "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
+                raise _failure_error(fail, room.path, i, total)
+            git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m", commit_message(patch))
+            result.applied_now.append(patch.name)
+            result.methods[patch.name] = method
+    except KeyboardInterrupt:
+        # leave the room at the last committed patch; `apply --continue` resumes there
+        room.reset_hard("HEAD")
+        room.update_state(phase="interrupted", failed=None)
+        raise
+    except CommandError:
+        room.reset_hard("HEAD")
+        room.update_state(phase="failed", failed={"patch": patches[i].name, "index": i, "file": None,
+                                                  "hunk": None, "reason": "command failed"})
+        raise
+
+
+def _finish(cfg: Config, room: Room, result: ApplyResult, render: bool, rebuilt: bool) -> ApplyResult:
+    if not render:
+        return result
+    from .render import render_feature
+
+    if not (cfg.feature.templates / "manifest.yaml").is_file():
+        result.notes.append(f"no feature templates at {cfg.feature.templates}: nothing rendered")
+        return result
+    result.render = render_feature(cfg, room, force=rebuilt)
+    return result
+
+
+def baseline_of(room: Room) -> str:
+    sha = rev_parse(room.path, BASELINE_TAG)
+    if sha is None:
+        raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
+                            where=str(room.path), hint="dcaforge apply --continue")
+    return sha

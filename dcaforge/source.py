@@ -1,0 +1,176 @@
+"""Where the base tree comes from: a git repository (URL or local checkout) or a PyPI sdist.
+
+A PyPI source is downloaded once with pip into dcaforge's cache, unpacked, and its ``subdir``
+imported into a bare repository there as ONE commit with a fixed author, committer, date and
+message: the base commit id is the same on every machine. Clean rooms clone from that cache.
+
+A local git checkout is only ever read: dcaforge clones its committed state and lists the
+uncommitted files it left behind (``--include-wip`` copies them into the clean room).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config, GitSource, PypiSource
+from .errors import CommandError, ConfigError, SafetyError
+from .git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run
+
+
+def cache_root() -> Path:
+    """``$DCAFORGE_CACHE``, else ``$XDG_CACHE_HOME/dcaforge``, else ``~/.cache/dcaforge``."""
+    env = os.environ.get("DCAFORGE_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "dcaforge"
+
+
+@dataclass(frozen=True)
+class BaseSource:
+    """A repository to clone the clean room from, and what it is."""
+
+    clone_url: str
+    ref: str
+    description: str
+    checkout: CheckoutInfo | None = None  # the user's local checkout, when the source is one
+    submodules: bool | tuple[str, ...] = False
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:60]
+
+
+def _key(src: PypiSource) -> str:
+    digest = hashlib.sha256(f"{src.requirement}\0{src.subdir}".encode()).hexdigest()[:12]
+    return f"{_slug(src.requirement)}-{digest}"
+
+
+def import_message(src: PypiSource) -> str:
+    return f"dcaforge: import {src.requirement} ({src.subdir})\n"
+
+
+def download_sdist(requirement: str, dest: Path) -> Path:
+    """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there)."""
+    found = sorted(p for p in dest.glob("*") if p.name.endswith((".tar.gz", ".zip", ".tgz")))
+    if found:
+        return found[0]
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
+    try:
+        run(["python3" if shutil.which("python3") else "python", "-m", "pip", "download", "--no-deps",
+             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), requirement],
+            dest, what=f"pip download {requirement}",
+            hint="check the requirement and your network or pip index; the sdist is cached after one success")
+        got = sorted(p for p in tmp.iterdir() if p.name.endswith((".tar.gz", ".zip", ".tgz")))
+        if not got:
+            raise CommandError(f"pip downloaded no sdist for {requirement}", where=str(tmp),
+                               hint="the package may ship wheels only; use a git source instead")
+        final = dest / got[0].name
+        os.replace(got[0], final)
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    """Unpack an sdist; returns its single top folder (or ``into``)."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(into)
+    else:
+        with tarfile.open(archive) as tf:
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(into, filter="data")
+            else:  # pragma: no cover - Python < 3.11.4
+                tf.extractall(into)
+    entries = list(into.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
+
+
+def _drop_nested_git(tree: Path) -> None:
+    """Remove ``.git`` files and folders inside an unpacked tree (sdists carry dangling
+    ``gitdir:`` files of the submodules they were made from)."""
+    for dirpath, dirnames, filenames in os.walk(tree):
+        if ".git" in filenames:
+            os.unlink(os.path.join(dirpath, ".git"))
+        if ".git" in dirnames:
+            shutil.rmtree(os.path.join(dirpath, ".git"))
+            dirnames.remove(".git")
+
+
+def prepare_pypi(src: PypiSource) -> BaseSource:
+    """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository."""
+    root = cache_root()
+    key = _key(src)
+    bare = root / "bases" / f"{key}.git"
+    if (bare / "dcaforge-import-done").is_file():
+        commit = (bare / "dcaforge-import-done").read_text().strip()
+        return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
+    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement))
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="import-", dir=root / "tmp"))
+    try:
+        top = _unpack(archive, work / "unpacked")
+        tree = (top / src.subdir).resolve()
+        if not is_inside(tree, top) or not tree.is_dir():
+            raise ConfigError(f"subdir {src.subdir!r} is not a folder of {archive.name}",
+                              where=f"source.subdir ({archive})",
+                              hint=f"look inside: tar tzf {archive} | head")
+        _drop_nested_git(tree)
+        tmp_bare = work / "base.git"
+        git(work, "init", "-q", "--bare", str(tmp_bare))
+        gd = ["--git-dir", str(tmp_bare), "--work-tree", str(tree)]
+        git(work, *gd, "add", "-A", "-f", ".")
+        git(work, *gd, "commit", "-q", "--no-verify", "-m", import_message(src))
+        commit = git_out(work, "--git-dir", str(tmp_bare), "rev-parse", "HEAD")
+        os.unlink(tmp_bare / "index")
+        (tmp_bare / "dcaforge-import-done").write_text(commit + "\n")
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        if bare.exists():
+            shutil.rmtree(bare)
+        os.replace(tmp_bare, bare)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
+
+
+def prepare_git(src: GitSource) -> BaseSource:
+    checkout = None
+    local = Path(src.url)
+    if local.is_absolute():
+        if not local.exists():
+            raise ConfigError(f"source path does not exist: {src.url}", where="source.git",
+                              hint="point source.git at a git checkout or a URL")
+        checkout = inspect_checkout(local)
+        if checkout is None:
+            raise ConfigError(f"source path is not a git checkout: {src.url}", where="source.git",
+                              hint=f"git -C {src.url} status")
+    return BaseSource(clone_url=src.url, ref=src.ref, description=src.describe(), checkout=checkout,
+                      submodules=src.submodules)
+
+
+def prepare(cfg: Config) -> BaseSource:
+    base = prepare_pypi(cfg.source) if isinstance(cfg.source, PypiSource) else prepare_git(cfg.source)
+    check_workspace(cfg, base)
+    return base
+
+
+def check_workspace(cfg: Config, base: BaseSource | None = None) -> None:
+    """Refuse a workspace inside the source checkout (it would dirty the user's tree)."""
+    if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
+        info = base.checkout if base else inspect_checkout(cfg.source.local_path)
+        top = info.toplevel if info else cfg.source.local_path
+        if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
+            raise SafetyError(
+                f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",
+                where=f"cleanroom: in {cfg.describe()}",
+                hint="set 'cleanroom:' to a folder outside the source checkout")

@@ -1,0 +1,75 @@
+"""``dcaforge status``: where the clean room stands (reads only)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .capture import baseline_tree, tree_diff, worktree_tree
+from .cleanroom import Room
+from .config import Config, GitSource
+from .errors import DcaforgeError
+from .git import inspect_checkout
+from .render import hand_edited_files, manifest_digest
+from .series import _series_record, applied_names, discover
+
+
+@dataclass
+class StatusResult:
+    config: str
+    source: str
+    room: str
+    room_exists: bool
+    phase: str | None = None
+    base_commit: str | None = None
+    series_total: int = 0
+    series_applied: int = 0
+    series_changed: bool = False
+    failed: dict[str, Any] | None = None
+    baseline: str | None = None
+    rendered: bool = False
+    templates_changed: bool = False
+    dirty: list[str] = field(default_factory=list)  # hand edits beyond the last render
+    source_uncommitted: list[str] = field(default_factory=list)
+    patch: str = ""
+    patch_state: str = "unknown"  # fresh | stale | missing | unknown
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def status(cfg: Config) -> StatusResult:
+    room = Room.of(cfg)
+    res = StatusResult(config=cfg.describe(), source=cfg.source.describe(), room=str(room.path),
+                       room_exists=room.is_ours(), patch=str(cfg.feature_patch))
+    if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
+        info = inspect_checkout(cfg.source.local_path)
+        if info is not None:
+            res.source_uncommitted = list(info.uncommitted) + list(info.deleted)
+    patches = discover(cfg)
+    res.series_total = len(patches)
+    if not room.is_ours():
+        res.patch_state = "missing" if not cfg.feature_patch.is_file() else "unknown"
+        return res
+    state = room.load_state()
+    res.phase = state.get("phase")
+    res.base_commit = state.get("base")
+    res.series_changed = state.get("series") not in (None, _series_record(patches))
+    res.failed = state.get("failed")
+    res.series_applied = len(applied_names(room.path))
+    res.baseline = state.get("baseline")
+    res.rendered = bool(state.get("rendered"))
+    if res.rendered and (cfg.feature.templates / "manifest.yaml").is_file():
+        res.templates_changed = state.get("templates_digest") != manifest_digest(cfg.feature.templates)
+    res.dirty = hand_edited_files(room, state)
+    if not cfg.feature_patch.is_file():
+        res.patch_state = "missing"
+    elif res.baseline:
+        try:
+            current = tree_diff(room.path, baseline_tree(room), worktree_tree(room.path))
+        except DcaforgeError:
+            res.patch_state = "unknown"
+        else:
+            res.patch_state = "fresh" if current == cfg.feature_patch.read_bytes() else "stale"
+    return res

@@ -1,0 +1,122 @@
+"""``dcaforge verify``: the round trip, checked by tree hashes in a scratch index.
+
+Forward-applying the patch to the baseline must give exactly the captured tree, and
+reverse-applying it to that tree exactly the baseline (``git write-tree`` hashes: bytes, exec
+bits, missing final newlines, new and deleted files). The scratch is a temporary index in the
+room's git dir, so nothing is checked out and the room's work tree and index stay untouched.
+``fresh_render`` renders the templates again from the baseline into a scratch tree and requires
+the patch to be byte-identical to what capture would write (the stale-patch check).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .capture import baseline_tree, changed_paths, temp_index, tree_diff, worktree_tree
+from .cleanroom import BASELINE_TAG, Room, locked
+from .config import Config
+from .errors import DcaforgeError, MismatchError
+from .git import git, git_out
+from .render import GitTree, load_manifest, plan
+from .series import _series_record, discover
+
+
+@dataclass
+class VerifyResult:
+    patch: Path
+    baseline_tree: str
+    expected_tree: str
+    expected_from: str  # "capture" | "work tree" | "fresh render"
+    forward_tree: str
+    reverse_tree: str
+    fresh_render: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _first_difference(repo: Path, a: str, b: str) -> str:
+    paths = changed_paths(repo, a, b)
+    return paths[0] if paths else "(none)"
+
+
+def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> None:
+    args = ["apply", "--cached", "--allow-empty", "--whitespace=nowarn"] + (["-R"] if reverse else []) + [str(patch)]
+    res = git(room, *args, env=env, check=False)
+    if not res.ok:
+        raise MismatchError(
+            f"{patch.name} does not {'reverse-' if reverse else ''}apply to the "
+            f"{'captured tree' if reverse else 'baseline'}",
+            where=str(patch), details=res.stderr.strip(),
+            hint="`dcaforge capture` to regenerate it from the clean room, or `dcaforge apply --fresh`")
+
+
+def rendered_tree(cfg: Config, room: Room) -> str:
+    """The baseline with the feature rendered fresh from the templates, as a tree (no checkout)."""
+    baseline = git_out(room.path, "rev-parse", BASELINE_TAG)
+    p = plan(cfg, GitTree(room.path, baseline), load_manifest(cfg.feature.templates))
+    with temp_index(room.path, seed=False) as env:
+        git(room.path, "read-tree", baseline, env=env)
+        for rel, (data, mode) in sorted(p.outputs.items()):
+            sha = git(room.path, "hash-object", "-w", "--stdin", input=data).stdout.strip()
+            kind = "100755" if mode & 0o111 else "100644"
+            git(room.path, "update-index", "--add", "--cacheinfo", f"{kind},{sha},{rel}", env=env)
+        return git_out(room.path, "write-tree", env=env)
+
+
+def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False) -> VerifyResult:
+    room = Room.of(cfg)
+    room.require()
+    patch = (file or cfg.feature_patch).resolve()
+    if not patch.is_file():
+        raise DcaforgeError(f"no patch to verify at {patch}", where=str(patch), hint="dcaforge capture")
+    data = patch.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    with locked(room):
+        base = baseline_tree(room)
+        state = room.load_state()
+        notes: list[str] = []
+        if fresh_render:
+            if state.get("series") != _series_record(discover(cfg)):
+                raise DcaforgeError("the series changed since the clean room was applied",
+                                    where=str(room.path), hint="dcaforge apply, then verify again")
+            expected = rendered_tree(cfg, room)
+            expected_from = "fresh render"
+            fresh = tree_diff(room.path, base, expected)
+            if fresh != data:
+                a = data.decode("utf-8", "replace").splitlines()
+                b = fresh.decode("utf-8", "replace").splitlines()
+                diff = list(difflib.unified_diff(a, b, "committed", "fresh render", n=1, lineterm=""))
+                files = sorted(set(changed_paths(room.path, base, expected)))
+                raise MismatchError(
+                    f"{patch.name} is stale: rendering the templates again gives different bytes",
+                    where=f"{patch} (fresh render touches: {', '.join(files) or 'nothing'})",
+                    details="\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""),
+                    hint="dcaforge apply && dcaforge capture  (fold hand edits back into the templates first)")
+        else:
+            cap = state.get("captured") or {}
+            if cap.get("sha256") == sha and cap.get("tree"):
+                expected, expected_from = cap["tree"], "capture"
+            else:
+                expected, expected_from = worktree_tree(room.path), "work tree"
+                notes.append("the patch is not the last capture: compared with the room's work tree")
+        with temp_index(room.path, seed=False) as env:
+            git(room.path, "read-tree", base, env=env)
+            _apply_cached(room.path, env, patch, reverse=False)
+            forward = git_out(room.path, "write-tree", env=env)
+            if forward != expected:
+                raise MismatchError(
+                    f"forward-applying {patch.name} to the baseline does not give the {expected_from} tree",
+                    where=f"first differing file: {_first_difference(room.path, forward, expected)}",
+                    details=f"forward {forward} != expected {expected}",
+                    hint="dcaforge capture, then dcaforge verify")
+            _apply_cached(room.path, env, patch, reverse=True)
+            reverse = git_out(room.path, "write-tree", env=env)
+            if reverse != base:
+                raise MismatchError(
+                    f"reverse-applying {patch.name} does not give the baseline back",
+                    where=f"first differing file: {_first_difference(room.path, reverse, base)}",
+                    details=f"reverse {reverse} != baseline {base}", hint="dcaforge capture, then dcaforge verify")
+        return VerifyResult(patch=patch, baseline_tree=base, expected_tree=expected, expected_from=expected_from,
+                            forward_tree=forward, reverse_tree=reverse, fresh_render=fresh_render, notes=notes)
