@@ -93,14 +93,15 @@ def make_patch_git(source: Path, edit, workdir: Path, name: str, base_rev: str =
 
 def make_patch_gnu(before: dict[str, str], after: dict[str, str], workdir: Path) -> bytes:
     """A plain ``diff -u`` patch (what GNU patch -p1 applies), from two file maps."""
-    a, b = workdir / "gnu-a", workdir / "gnu-b"
+    base = workdir / "gnu"
+    a, b = base / "a", base / "b"
     import shutil
 
     for d in (a, b):
         shutil.rmtree(d, ignore_errors=True)
     build_tree(a, before)  # type: ignore[arg-type]
     build_tree(b, after)  # type: ignore[arg-type]
-    res = sh(["diff", "-ruN", "a", "b"], workdir, check=False)
+    res = sh(["diff", "-ruN", "a", "b"], base, check=False)
     assert res.returncode in (0, 1), res.stderr
     return res.stdout
 
