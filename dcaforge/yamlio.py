@@ -111,7 +111,7 @@ class Reader:
             raise ConfigError(f"'{prefix or '(top level)'}' must be a mapping, got {_describe(data)}",
                               where=f"{file}:{getattr(data, 'line', line) or line}")
         self.data = data
-        self.line = getattr(data, "line", line)
+        self.line = line or getattr(data, "line", 0)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name

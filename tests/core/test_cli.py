@@ -1,0 +1,72 @@
+"""A few end-to-end runs through the typer app: exit codes and what is printed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from typer.testing import CliRunner
+
+from dcaforge.cli import app
+
+from .conftest import write_feature
+from .helpers import make_patch_git, replace_line
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_cli_main_job_exit_codes(project) -> None:
+    c = str(project.config_path)
+    r = _run("apply", "-c", c)
+    assert r.exit_code == 0, r.output
+    assert "baseline:" in r.output
+    r = _run("capture", "-c", c)
+    assert r.exit_code == 0 and "wrote" in r.output
+    r = _run("verify", "-c", c, "--fresh-render")
+    assert r.exit_code == 0 and "byte-identical" in r.output
+    r = _run("status", "-c", c, "--json")
+    data = json.loads(r.stdout)
+    assert data["patch_state"] == "fresh" and data["phase"] == "applied"
+    r = _run("render", "-c", c, "--check")
+    assert r.exit_code == 0
+    project.assert_source_untouched()
+
+
+def test_cli_conflict_exits_2_and_says_how_to_resume(project) -> None:
+    def edit(value: str):
+        return lambda tree: replace_line(tree / "src/llama.cpp", "int line_010 = 10;", f"int line_010 = {value};")
+    project.add_patch("0001-a.patch", make_patch_git(project.source, edit("0"), project.tmp, "a"))
+    project.add_patch("0002-a-again.patch", make_patch_git(project.source, edit("1"), project.tmp, "b"))
+    r = _run("apply", "-c", str(project.config_path))
+    assert r.exit_code == 2
+    assert "0002-a-again.patch does not apply" in r.output
+    assert "hunk #1 @@ -7,7 +7,7 @@" in r.output
+    assert "dcaforge apply --continue" in r.output
+    project.assert_source_untouched()
+
+
+def test_cli_config_error_exits_1_with_location(project) -> None:
+    project.config_path.write_text(project.config_path.read_text().replace("  number: 78", "  numbr: 78"))
+    r = _run("status", "-c", str(project.config_path))
+    assert r.exit_code == 1
+    assert "unknown key 'feature.numbr'" in r.output and f"{project.config_path}:" in r.output
+
+
+def test_cli_render_check_exits_2_on_missing_anchor(project) -> None:
+    c = str(project.config_path)
+    assert _run("apply", "-c", c, "--no-render").exit_code == 0
+    write_feature(project.work, textwrap.dedent("""\
+        edits:
+          - file: src/llama.cpp
+            anchor: 'int line_0100 = 100;'
+            action: replace
+            text: 'x'
+        """))
+    r = _run("render", "-c", c, "--check")
+    assert r.exit_code == 2 and "missing" in r.output and "int line_010" in r.output
+    r = _run("render", "-c", c)
+    assert r.exit_code == 2 and "anchor matches nowhere" in r.output

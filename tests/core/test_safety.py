@@ -1,0 +1,98 @@
+"""The source checkout is never written; only marked folders are reset; one run per room."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dcaforge.capture import capture
+from dcaforge.cleanroom import Room, locked
+from dcaforge.errors import LockedError, MismatchError, SafetyError
+from dcaforge.render import check, render
+from dcaforge.series import apply
+from dcaforge.status import status
+from dcaforge.verify import verify
+
+from .helpers import make_patch_git, replace_line, snapshot
+
+
+def test_every_command_leaves_the_source_untouched_even_with_wip(project) -> None:
+    src = project.source
+    # the user's held tree: uncommitted edits, a staged new file, an untracked file, a deletion
+    replace_line(src / "src/llama.cpp", "int line_005 = 5;", "int line_005 = 55; // wip")
+    (src / "src/staged.h").write_text("staged\n")
+    subprocess.run(["git", "add", "src/staged.h"], cwd=src, check=True)
+    (src / "notes-untracked.md").write_text("only here\n")
+    os.unlink(src / "docs/notes.txt")
+    project.before = snapshot(src)
+
+    def broken(tree) -> None:
+        replace_line(tree / "src/llama.cpp", "int line_030 = 30;", "int line_030 = 0;")
+
+    project.add_patch("0001-ok.patch", make_patch_git(src, broken, project.tmp, "ok"))
+    cfg = project.config
+    res = apply(cfg)
+    assert sorted(res.wip_left_behind) == ["docs/notes.txt", "notes-untracked.md", "src/llama.cpp", "src/staged.h"]
+    assert res.wip_included == []
+    assert "// wip" not in (cfg.room / "src/llama.cpp").read_text()
+    project.assert_source_untouched()
+    for fn in (lambda: render(cfg), lambda: check(cfg), lambda: capture(cfg), lambda: verify(cfg),
+               lambda: verify(cfg, fresh_render=True), lambda: status(cfg)):
+        fn()
+        project.assert_source_untouched()
+    # --include-wip copies them into a fresh room (committed before the series)
+    res = apply(cfg, fresh=True, include_wip=True)
+    assert sorted(res.wip_included) == ["docs/notes.txt", "notes-untracked.md", "src/llama.cpp", "src/staged.h"]
+    room = cfg.room
+    assert "// wip" in (room / "src/llama.cpp").read_text() and "int line_030 = 0;" in (room / "src/llama.cpp").read_text()
+    assert (room / "notes-untracked.md").read_text() == "only here\n" and not (room / "docs/notes.txt").exists()
+    project.assert_source_untouched()
+    # a failing series
+    project.add_patch("0002-bad.patch", b"diff --git a/nope b/nope\n--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(MismatchError):
+        apply(cfg, fresh=True)
+    project.assert_source_untouched()
+
+
+def test_refuses_a_workspace_inside_the_source(project) -> None:
+    cfg = project.write_config(cleanroom=str(project.source / "rooms"))
+    with pytest.raises(SafetyError, match="inside the source checkout"):
+        apply(cfg)
+    assert not (project.source / "rooms").exists()
+    project.assert_source_untouched()
+
+
+def test_only_marked_folders_are_reset(project) -> None:
+    cfg = project.config
+    cfg.room.mkdir(parents=True)
+    (cfg.room / "precious.txt").write_text("mine\n")
+    with pytest.raises(SafetyError, match="not made by dcaforge"):
+        apply(cfg)
+    with pytest.raises(SafetyError):
+        apply(cfg, fresh=True)
+    assert (cfg.room / "precious.txt").read_text() == "mine\n"
+    with pytest.raises(SafetyError):
+        Room.of(cfg).delete()
+    assert (cfg.room / "precious.txt").exists()
+
+
+def test_lock_keeps_two_runs_off_one_room(project) -> None:
+    cfg = project.config
+    room = Room.of(cfg)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        room.workspace.mkdir(parents=True, exist_ok=True)
+        room.lock_file.write_text(f"{sleeper.pid}\n")
+        with pytest.raises(LockedError, match=f"pid {sleeper.pid}"):
+            apply(cfg)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the holder is gone: a stale lock is taken over
+    apply(cfg)
+    assert not room.lock_file.exists()
+    with locked(room):
+        assert room.lock_file.read_text().strip() == str(os.getpid())

@@ -1,0 +1,60 @@
+"""A PyPI-style sdist becomes one commit with the same id everywhere."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+from dcaforge.config import PypiSource
+from dcaforge.source import _key, _slug, prepare_pypi
+
+
+def _sdist(path: Path) -> None:
+    files = {
+        "pkg-1.0/PKG-INFO": b"Name: pkg\n",
+        "pkg-1.0/vendor/llama.cpp/.git": b"gitdir: ../../.git/modules/vendor/llama.cpp\n",
+        "pkg-1.0/vendor/llama.cpp/CMakeLists.txt": b"project(llama)\n",
+        "pkg-1.0/vendor/llama.cpp/.gitignore": b"*.o\nbuild/\n",
+        "pkg-1.0/vendor/llama.cpp/src/kept.o": b"\0object listed in .gitignore\0",
+        "pkg-1.0/vendor/llama.cpp/ggml/.git": b"gitdir: elsewhere\n",
+        "pkg-1.0/vendor/llama.cpp/ggml/ggml.c": b"int ggml;\n",
+    }
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tf.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("pkg-1.0/vendor/llama.cpp/convert.py")
+        script = b"#!/usr/bin/env python3\n"
+        info.size, info.mode = len(script), 0o755
+        tf.addfile(info, io.BytesIO(script))
+
+
+def _prepare(cache: Path, monkeypatch) -> tuple[str, str]:
+    monkeypatch.setenv("DCAFORGE_CACHE", str(cache))
+    src = PypiSource("pkg==1.0", "vendor/llama.cpp")
+    sdists = cache / "sdists" / _slug(src.requirement)
+    sdists.mkdir(parents=True)
+    _sdist(sdists / "pkg-1.0.tar.gz")  # already "downloaded": pip is not called
+    base = prepare_pypi(src)
+    assert Path(base.clone_url) == cache / "bases" / f"{_key(src)}.git"
+    files = subprocess.run(["git", "--git-dir", base.clone_url, "ls-tree", "-r", base.ref],
+                           capture_output=True, check=True, text=True).stdout
+    return base.ref, files
+
+
+def test_import_is_one_deterministic_commit(tmp_path: Path, monkeypatch, isolated: Path) -> None:
+    ref_a, files = _prepare(tmp_path / "cache-a", monkeypatch)
+    assert "\tCMakeLists.txt" in files and "\tsrc/kept.o" in files and "\tggml/ggml.c" in files
+    assert ".git\n" not in files and "ggml/.git" not in files  # dangling gitdir files dropped
+    assert "100755 blob" in [ln for ln in files.splitlines() if ln.endswith("convert.py")][0]
+    # another machine, hostile git config: the same commit id
+    (isolated / ".gitconfig").write_text("[user]\n\tname = X\n[core]\n\tautocrlf = true\n[commit]\n\tgpgSign = true\n")
+    ref_b, _ = _prepare(tmp_path / "cache-b", monkeypatch)
+    assert ref_a == ref_b
+    # a second call uses the cache
+    src = PypiSource("pkg==1.0", "vendor/llama.cpp")
+    assert prepare_pypi(src).ref == ref_b
