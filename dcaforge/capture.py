@@ -34,7 +34,9 @@ def temp_index(room: Path, seed: bool = True) -> Iterator[dict[str, str]]:
     path = meta / f"index.tmp.{os.getpid()}"
     src = room / ".git" / "index"
     if seed and src.is_file():
-        shutil.copyfile(src, path)  # its stat cache makes `add -A` fast
+        # its stat cache makes `add -A` fast; copy2 keeps its mtime, which git needs to spot
+        # "racy" entries (files changed in the same second the index was written)
+        shutil.copy2(src, path)
     try:
         yield {"GIT_INDEX_FILE": str(path)}
     finally:

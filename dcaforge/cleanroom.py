@@ -141,13 +141,14 @@ class Room:
         os.replace(self.path, trash)
         shutil.rmtree(trash)
 
-    def reset_hard(self, rev: str = "HEAD") -> None:
-        """Back to ``rev``: tracked changes dropped, untracked (not ignored) files removed."""
+    def reset_hard(self, rev: str = "HEAD", *, everything: bool = False) -> None:
+        """Back to ``rev``: tracked changes dropped, untracked files removed (ignored ones,
+        such as build folders, only with ``everything``)."""
         if not self.is_ours():
             raise SafetyError(f"refusing to reset {self.path}: it has no dcaforge marker",
                               where=str(self.path))
         git(self.path, "reset", "-q", "--hard", rev)
-        git(self.path, "clean", "-q", "-fd")
+        git(self.path, "clean", "-q", "-ffdx" if everything else "-fd")
 
     def head(self) -> str:
         return git_out(self.path, "rev-parse", "HEAD")

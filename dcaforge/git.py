@@ -38,6 +38,8 @@ GIT_CONFIG_ARGS: tuple[str, ...] = (
     "-c", "advice.detachedHead=false",
     "-c", "init.defaultBranch=main",
     "-c", "protocol.file.allow=always",
+    "-c", "checkout.workers=0",
+    "-c", "core.untrackedCache=false",
 )
 
 
@@ -174,6 +176,18 @@ def commit_all(cwd: Path, message: str, *, allow_empty: bool = True) -> str:
         args.insert(2, "--allow-empty")
     git(cwd, *args)
     return git_out(cwd, "rev-parse", "HEAD")
+
+
+def commit_index(cwd: Path, message: str) -> str:
+    """Commit the index as it is on top of HEAD (no work-tree scan: write-tree + commit-tree)."""
+    tree = git_out(cwd, "write-tree")
+    parent = rev_parse(cwd, "HEAD")
+    args = ["commit-tree", tree, "-m", message]
+    if parent:
+        args[2:2] = ["-p", parent]
+    sha = git_out(cwd, *args)
+    git(cwd, "update-ref", "-m", "dcaforge", "HEAD", sha)
+    return sha
 
 
 def status_porcelain(cwd: Path) -> list[str]:

@@ -58,3 +58,22 @@ def test_import_is_one_deterministic_commit(tmp_path: Path, monkeypatch, isolate
     # a second call uses the cache
     src = PypiSource("pkg==1.0", "vendor/llama.cpp")
     assert prepare_pypi(src).ref == ref_b
+
+
+def test_pypi_source_apply_and_fresh_reuses_the_room(tmp_path: Path, monkeypatch, project) -> None:
+    from dcaforge.series import apply
+
+    cache = tmp_path / "cache-c"
+    _prepare(cache, monkeypatch)
+    cfg = project.write_config(source="pypi: pkg==1.0\nsubdir: vendor/llama.cpp")
+    # the project's feature edits files this tiny tree lacks: no render here
+    res = apply(cfg, render=False)
+    room = cfg.room
+    assert res.created and (room / "ggml/ggml.c").read_text() == "int ggml;\n"
+    (room / "ggml/ggml.c").write_text("hand edit\n")
+    (room / "build").mkdir()
+    (room / "build/x.o").write_text("obj")
+    res = apply(cfg, fresh=True, render=False)
+    assert not res.created and "fresh: reset the clean room to its start commit" in res.notes
+    assert (room / "ggml/ggml.c").read_text() == "int ggml;\n" and not (room / "build").exists()
+    assert (room / "src/kept.o").exists()  # tracked in the base even though .gitignore lists *.o
