@@ -98,10 +98,19 @@ def make_series(base_repo: str, ref: str, out: Path, count: int) -> None:
         (out / f"{i:04d}-bench-{i:02d}.patch").write_text(text)
 
 
-def timed(argv: list[str], cwd: Path) -> float:
+CPU: dict[str, float] = {}
+
+
+def timed(argv: list[str], cwd: Path, label: str) -> float:
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
     dt = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    CPU[label] = min(CPU.get(label, cpu), cpu)
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(argv)}\n{res.stdout}\n{res.stderr}")
     return dt
@@ -135,21 +144,24 @@ def main() -> None:
     cli = [sys.executable, "-m", "dcaforge.cli"]
     rows = []
     for _ in range(args.runs):
-        t_apply = timed([*cli, "apply", "--fresh", "-c", str(cfg_path)], work)
-        t_capture = timed([*cli, "capture", "-c", str(cfg_path)], work)
-        t_verify = timed([*cli, "verify", "-c", str(cfg_path)], work)
-        rows.append((t_apply, t_capture, t_verify))
-    t_fresh = timed([*cli, "verify", "--fresh-render", "-c", str(cfg_path)], work)
-    t_rerun = timed([*cli, "apply", "-c", str(cfg_path)], work)
+        shutil.rmtree(work / "rooms" / "bench", ignore_errors=True)  # untimed: a new room each run
+        t_new = timed([*cli, "apply", "-c", str(cfg_path)], work, "new")
+        t_capture = timed([*cli, "capture", "-c", str(cfg_path)], work, "capture")
+        t_verify = timed([*cli, "verify", "-c", str(cfg_path)], work, "verify")
+        t_fresh = timed([*cli, "apply", "--fresh", "-c", str(cfg_path)], work, "fresh")
+        rows.append((t_new, t_capture, t_verify, t_fresh))
+    t_freshr = timed([*cli, "verify", "--fresh-render", "-c", str(cfg_path)], work, "fresh-render")
+    t_rerun = timed([*cli, "apply", "-c", str(cfg_path)], work, "rerun")
+    load = os.getloadavg()
     patch = work / "patches" / "1000-bench-feature.patch"
-    best = min(rows, key=lambda r: r[0] + r[1] + r[2])
+    best = [min(r[i] for r in rows) for i in range(4)]
     tree = subprocess.run(["git", "-C", str(work / "rooms" / "bench"), "ls-files"], capture_output=True, text=True).stdout
     nfiles = len(tree.splitlines())
     cpus = os.cpu_count()
     lines = [
         "# dcaforge core benchmark",
         "",
-        f"Command: `python bench/core_bench.py` (this run: {args.patches} patches, {args.runs} runs, best shown).",
+        f"Command: `python bench/core_bench.py` (this run: {args.patches} patches, {args.runs} runs, best of each step).",
         "",
         f"Machine: {platform.machine()}, {cpus} cores, Python {platform.python_version()}, "
         f"{subprocess.run(['git', '--version'], capture_output=True, text=True).stdout.strip()}.",
@@ -157,17 +169,22 @@ def main() -> None:
         f"Series: {args.patches} synthetic patches (small edits over many files; every 10th a plain `diff -u` "
         "applied by GNU patch; a new file every 20th); feature: one new file + 2 anchored edits.",
         "",
-        "| step (CLI, wall clock) | seconds | target |",
-        "|---|---|---|",
-        f"| apply --fresh (clone cached base, {args.patches} patches, baseline tag, render) | {best[0]:.2f} | < 10 |",
-        f"| capture | {best[1]:.2f} | |",
-        f"| verify | {best[2]:.2f} | |",
-        f"| **capture + verify** | **{best[1] + best[2]:.2f}** | < 5 |",
-        f"| verify --fresh-render | {t_fresh:.2f} | |",
-        f"| apply again, nothing changed (re-render only) | {t_rerun:.2f} | |",
-        f"| sdist download + import (one-time; this run: {'cached' if t_prepare < 2 else 'cold'}) | {t_prepare:.2f} | excluded |",
+        "| step (CLI) | wall s | CPU s (user+sys, all processes) | target (wall) |",
+        "|---|---|---|---|",
+        f"| apply, new room (clone cached base, checkout, {args.patches} patches, baseline tag, render) "
+        f"| {best[0]:.2f} | {CPU['new']:.2f} | < 10 |",
+        f"| apply --fresh, existing room (reset to start, {args.patches} patches, baseline tag, render) "
+        f"| {best[3]:.2f} | {CPU['fresh']:.2f} | < 10 |",
+        f"| capture | {best[1]:.2f} | {CPU['capture']:.2f} | |",
+        f"| verify | {best[2]:.2f} | {CPU['verify']:.2f} | |",
+        f"| **capture + verify** | **{best[1] + best[2]:.2f}** | {CPU['capture'] + CPU['verify']:.2f} | < 5 |",
+        f"| verify --fresh-render | {t_freshr:.2f} | {CPU['fresh-render']:.2f} | |",
+        f"| sdist download + import (one-time; this run: {'cached' if t_prepare < 2 else 'cold'}) | {t_prepare:.2f} | | excluded |",
         "",
-        "All runs (apply, capture, verify): " + "; ".join(f"{a:.2f}/{c:.2f}/{v:.2f}" for a, c, v in rows),
+        "All runs (apply new / capture / verify / apply --fresh): "
+        + "; ".join(f"{a:.2f}/{c:.2f}/{v:.2f}/{f:.2f}" for a, c, v, f in rows),
+        f"Load average during the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (the machine is shared; "
+        "numbers are wall clock, best of the runs).",
         "",
         f"Captured patch: {patch.stat().st_size} bytes.",
         "",

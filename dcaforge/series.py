@@ -21,7 +21,7 @@ from typing import Any
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
 from .errors import CommandError, ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import commit_index, git, git_out, patch_cmd, rev_parse, run, status_porcelain
+from .git import git, git_out, patch_cmd, rev_parse, run, status_porcelain
 from .source import BaseSource, prepare
 
 _NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
@@ -543,8 +543,20 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
 
 
 def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
+    """Apply patches[k:], one commit each. Commits are chained with commit-tree and HEAD is
+    moved every few patches (and always before returning or raising), so the room is always
+    at a committed patch; a hard kill leaves HEAD behind the index, which `--continue` resets."""
     total = len(patches)
+    head = room.head()
+    moved = head
     i = k
+
+    def move_head() -> None:
+        nonlocal moved
+        if moved != head:
+            git(room.path, "update-ref", "-m", "dcaforge: series", "HEAD", head)
+            moved = head
+
     try:
         for i in range(k, total):
             patch = patches[i]
@@ -552,20 +564,27 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
                 hooks.on_patch(i, total, patch)
             fail, method = apply_one(room.path, patch)
             if fail is not None:
+                move_head()
                 room.reset_hard("HEAD")
                 room.update_state(phase="failed", failed={
                     "patch": patch.name, "index": i, "file": fail.file,
                     "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
                 raise _failure_error(fail, room.path, i, total)
-            commit_index(room.path, commit_message(patch))
+            tree = git_out(room.path, "write-tree")
+            head = git_out(room.path, "commit-tree", tree, "-p", head, "-m", commit_message(patch))
             result.applied_now.append(patch.name)
             result.methods[patch.name] = method
+            if (i - k) % 10 == 9:
+                move_head()
+        move_head()
     except KeyboardInterrupt:
         # leave the room at the last committed patch; `apply --continue` resumes there
+        move_head()
         room.reset_hard("HEAD")
         room.update_state(phase="interrupted", failed=None)
         raise
     except CommandError:
+        move_head()
         room.reset_hard("HEAD")
         room.update_state(phase="failed", failed={"patch": patches[i].name, "index": i, "file": None,
                                                   "hunk": None, "reason": "command failed"})
