@@ -1,0 +1,93 @@
+"""End-to-end fixtures: the shipped default (PyPI sdist, patches/, templates/dca) applied by the
+real `dcaforge` command into a workspace under cleanroom/e2e, and real cmake builds of the
+patched tree and of the baseline (upstream, no feature).
+
+The workspace persists between runs (cleanroom/ is git-ignored), so a second run rebuilds only
+what changed; ccache (when installed) is keyed on paths relative to the workspace, so a fresh
+clone elsewhere reuses the objects too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKSPACE = Path(os.environ.get("DCAFORGE_E2E_WORKSPACE", REPO / "cleanroom" / "e2e"))
+CONFIG = WORKSPACE / "dcaforge.yaml"
+JOBS = os.environ.get("DCAFORGE_JOBS", str(os.cpu_count() or 2))
+
+
+@dataclass(frozen=True)
+class Tree:
+    src: Path
+    build: Path
+
+    def bin(self, name: str) -> Path:
+        return self.build / "bin" / name
+
+
+def run(argv: list[str], cwd: Path | None = None, env: dict | None = None, log: Path | None = None,
+        timeout: int = 3600) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(map(str, argv))}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def dcaforge(command: str, *args: str) -> subprocess.CompletedProcess:
+    """The real command line, as a user runs it."""
+    exe = [sys.executable, "-c", "from dcaforge.cli import main; main()"]
+    return run([*exe, command, "-c", str(CONFIG), *args], cwd=REPO)
+
+
+def _write_config() -> None:
+    """The built-in default (examples/upstream.yaml) with the workspace moved to cleanroom/e2e."""
+    text = (REPO / "examples" / "upstream.yaml").read_text()
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("root:"):
+            line = f"root: {REPO}"
+        elif line.startswith("cleanroom:"):
+            line = f"cleanroom: {WORKSPACE}"
+        lines.append(line)
+    WORKSPACE.mkdir(parents=True, exist_ok=True)
+    CONFIG.write_text("\n".join(lines) + "\n")
+
+
+def build_env() -> dict:
+    env = dict(os.environ)
+    # objects are keyed on paths relative to the workspace: another checkout reuses them
+    env["CCACHE_BASEDIR"] = str(WORKSPACE)
+    env.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
+    return env
+
+
+def cmake_flags() -> list[str]:
+    flags = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+             "-DLLAMA_BUILD_APP=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
+             "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=ON"]
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    for feat, opt in (("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"), ("avx", "GGML_AVX")):
+        if f" {feat}" in cpu:
+            flags.append(f"-D{opt}=ON")
+    if shutil.which("ccache"):
+        flags.append("-DGGML_CCACHE=ON")
+    return flags
+
+
+def cmake_build(src: Path, build: Path, targets: list[str], logname: str) -> None:
+    logs = WORKSPACE / "logs"
+    env = build_env()
+    if not (build / "build.ninja").exists():
+        p = run(["cmake", "-S", str(src), "-B", str(build), *cmake_flags()], env=env, log=logs / f"{logname}-cmake.log")
+        assert p.returncode == 0, f"cmake configure failed, see {logs / f'{logname}-cmake.log'}\n{p.stderr[-3000:]}"
+    p = run(["ninja", "-C", str(build), f"-j{JOBS}", *targets], env=env, log=logs / f"{logname}-build.log")
+    assert p.returncode == 0, f"build failed, see {logs / f'{logname}-build.log'}\n{p.stdout[-4000:]}"
+
+
