@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dcaforge.config import parse_config  # noqa: E402
-from dcaforge.source import prepare  # noqa: E402
+from dcaforge.config import parse_config
+from dcaforge.source import prepare
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
 
@@ -106,7 +106,7 @@ def timed(argv: list[str], cwd: Path, label: str) -> float:
 
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
     dt = time.perf_counter() - t
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -155,7 +155,7 @@ def main() -> None:
     load = os.getloadavg()
     patch = work / "patches" / "1000-bench-feature.patch"
     best = [min(r[i] for r in rows) for i in range(4)]
-    tree = subprocess.run(["git", "-C", str(work / "rooms" / "bench"), "ls-files"], capture_output=True, text=True).stdout
+    tree = subprocess.run(["git", "-C", str(work / "rooms" / "bench"), "ls-files"], capture_output=True, text=True, check=True).stdout
     nfiles = len(tree.splitlines())
     cpus = os.cpu_count()
     lines = [
@@ -164,7 +164,7 @@ def main() -> None:
         f"Command: `python bench/core_bench.py` (this run: {args.patches} patches, {args.runs} runs, best of each step).",
         "",
         f"Machine: {platform.machine()}, {cpus} cores, Python {platform.python_version()}, "
-        f"{subprocess.run(['git', '--version'], capture_output=True, text=True).stdout.strip()}.",
+        f"{subprocess.run(['git', '--version'], capture_output=True, text=True, check=False).stdout.strip()}.",
         f"Tree: {REQUIREMENT} `vendor/llama.cpp` ({nfiles} files), base commit `{base.ref}`.",
         f"Series: {args.patches} synthetic patches (small edits over many files; every 10th a plain `diff -u` "
         "applied by GNU patch; a new file every 20th); feature: one new file + 2 anchored edits.",
@@ -179,6 +179,7 @@ def main() -> None:
         f"| verify | {best[2]:.2f} | {CPU['verify']:.2f} | |",
         f"| **capture + verify** | **{best[1] + best[2]:.2f}** | {CPU['capture'] + CPU['verify']:.2f} | < 5 |",
         f"| verify --fresh-render | {t_freshr:.2f} | {CPU['fresh-render']:.2f} | |",
+        f"| apply again, nothing changed (re-render only) | {t_rerun:.2f} | {CPU['rerun']:.2f} | |",
         f"| sdist download + import (one-time; this run: {'cached' if t_prepare < 2 else 'cold'}) | {t_prepare:.2f} | | excluded |",
         "",
         "All runs (apply new / capture / verify / apply --fresh): "

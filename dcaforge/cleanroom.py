@@ -170,7 +170,7 @@ def locked(room: Room) -> Iterator[None]:
             if pid and pid != os.getpid() and _alive(pid):
                 raise LockedError(f"another dcaforge run (pid {pid}) holds the clean room {room.path}",
                                   where=str(path),
-                                  hint=f"wait for it to finish; if pid {pid} is not dcaforge, delete {path}")
+                                  hint=f"wait for it to finish; if pid {pid} is not dcaforge, delete {path}") from None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # stale
             continue

@@ -11,8 +11,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from . import __version__

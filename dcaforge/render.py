@@ -307,22 +307,22 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
 
     texts: dict[str, str] = {}
     reports: list[EditReport] = []
-    for spec in manifest.edits:
-        rep = EditReport(index=spec.index, manifest_line=spec.line, action=spec.action, anchor=spec.anchor,
-                         count=spec.count)
+    for edit in manifest.edits:
+        rep = EditReport(index=edit.index, manifest_line=edit.line, action=edit.action, anchor=edit.anchor,
+                         count=edit.count)
         reports.append(rep)
-        if spec.when_exists and not exists(spec.when_exists):
+        if edit.when_exists and not exists(edit.when_exists):
             rep.status = "skipped"
-            rep.note = f"{spec.when_exists} does not exist"
+            rep.note = f"{edit.when_exists} does not exist"
             continue
-        chosen = next((c for c in spec.files if exists(c)), None)
+        chosen = next((c for c in edit.files if exists(c)), None)
         if chosen is None:
             rep.status = "no-file"
-            rep.note = "none of " + ", ".join(spec.files) + " exists"
+            rep.note = "none of " + ", ".join(edit.files) + " exists"
             if not check:
                 raise MismatchError(
-                    f"edit #{spec.index} of {manifest.path.name}: no target file exists ({', '.join(spec.files)})",
-                    where=manifest.where(spec.line),
+                    f"edit #{edit.index} of {manifest.path.name}: no target file exists ({', '.join(edit.files)})",
+                    where=manifest.where(edit.line),
                     hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:'")
             continue
         rep.file = chosen
@@ -333,35 +333,35 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             else:
                 texts[full] = tree.read(full).decode("utf-8")
         text = texts[full]
-        rx = re.compile(spec.anchor)
+        rx = re.compile(edit.anchor)
         found = list(rx.finditer(text))
         rep.matches = len(found)
         rep.match_lines = [text.count("\n", 0, m.start()) + 1 for m in found]
-        if len(found) != spec.count:
+        if len(found) != edit.count:
             rep.status = "missing" if not found else "ambiguous"
-            rep.closest = closest_lines(text, spec.anchor) if not found else \
+            rep.closest = closest_lines(text, edit.anchor) if not found else \
                 [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in rep.match_lines[:5]]
             if not check:
-                what = "matches nowhere" if not found else f"matches {len(found)} times, expected {spec.count}"
+                what = "matches nowhere" if not found else f"matches {len(found)} times, expected {edit.count}"
                 raise MismatchError(
-                    f"edit #{spec.index} of {manifest.path.name}: anchor {what} in {full}",
-                    where=f"{manifest.where(spec.line)} -> {full}",
-                    details=f"anchor: {spec.anchor}\n" + ("closest lines:\n" if not found else "matched lines:\n")
+                    f"edit #{edit.index} of {manifest.path.name}: anchor {what} in {full}",
+                    where=f"{manifest.where(edit.line)} -> {full}",
+                    details=f"anchor: {edit.anchor}\n" + ("closest lines:\n" if not found else "matched lines:\n")
                     + "\n".join("  " + c for c in rep.closest),
-                    hint=f"adjust the anchor (try `dcaforge render --check`), or guard the edit with 'when_exists:'")
+                    hint="adjust the anchor (try `dcaforge render --check`), or guard the edit with 'when_exists:'")
             continue
-        body = _render_str(env, spec.text, ctx, f"{manifest.where(spec.line)} (edits[{spec.index}].text)")
+        body = _render_str(env, edit.text, ctx, f"{manifest.where(edit.line)} (edits[{edit.index}].text)")
         for m in reversed(found):
-            if spec.action == "insert_before":
+            if edit.action == "insert_before":
                 text = text[: m.start()] + body + text[m.start():]
-            elif spec.action == "insert_after":
+            elif edit.action == "insert_after":
                 text = text[: m.end()] + body + text[m.end():]
             else:
                 try:
                     repl = m.expand(body)
                 except (re.error, IndexError) as exc:
-                    raise ConfigError(f"edit #{spec.index}: bad group reference in 'text': {exc}",
-                                      where=manifest.where(spec.line)) from None
+                    raise ConfigError(f"edit #{edit.index}: bad group reference in 'text': {exc}",
+                                      where=manifest.where(edit.line)) from None
                 text = text[: m.start()] + repl + text[m.end():]
         texts[full] = text
     for full, text in texts.items():

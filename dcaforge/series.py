@@ -58,7 +58,7 @@ def _load_patch(path: Path, name: str) -> Patch:
     except OSError as exc:
         raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path)) from None
     m = _NUMBERED.match(path.name)
-    style = "git" if re.search(rb"^diff --git ", data, re.M) else "gnu"
+    style = "git" if re.search(rb"^diff --git ", data, re.MULTILINE) else "gnu"
     return Patch(name=name, path=path, number=int(m.group(1)) if m else None, style=style,
                  sha256=hashlib.sha256(data).hexdigest())
 
@@ -187,11 +187,11 @@ def _git_failure(patch: Patch, stderr: str) -> Failure:
     text = patch.path.read_text(encoding="utf-8", errors="replace")
     hunks = parse_hunks(text)
     reason_lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    m = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.M)
+    m = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.MULTILINE)
     if m:
         file = m.group(1)
         return Failure(patch, file, _find_hunk(hunks, file, old_start=int(m.group(2))), "\n".join(reason_lines))
-    m = re.search(r"^error: (.+?): (.+)$", stderr, re.M)
+    m = re.search(r"^error: (.+?): (.+)$", stderr, re.MULTILINE)
     if m and not m.group(1).startswith(("corrupt patch", "unrecognized input", "No valid patches")):
         file = m.group(1)
         return Failure(patch, file, _find_hunk(hunks, file), "\n".join(reason_lines))
@@ -218,7 +218,7 @@ def _gnu_failure(patch: Patch, output: str) -> Failure:
 
 def _preimages_exist(room: Path, patch: Patch) -> bool:
     text = patch.path.read_text(encoding="utf-8", errors="replace")
-    olds = re.findall(r"^index ([0-9a-f]{7,64})\.\.[0-9a-f]+", text, re.M)
+    olds = re.findall(r"^index ([0-9a-f]{7,64})\.\.[0-9a-f]+", text, re.MULTILINE)
     olds = [o for o in olds if set(o) != {"0"}]
     if not olds:
         return False
@@ -268,7 +268,7 @@ def applied_names(room: Path) -> list[str]:
     out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD")
     names = []
     for body in out.split("\0"):
-        m = re.search(rf"^{TRAILER}: (.+)$", body, re.M)
+        m = re.search(rf"^{TRAILER}: (.+)$", body, re.MULTILINE)
         if m:
             names.append(m.group(1).strip())
     return names
@@ -399,7 +399,7 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
         step(f"checking out {commit[:12]}")
         git(tmp, "checkout", "-q", "--detach", commit)
         if base.submodules:
-            paths = [] if base.submodules is True else list(base.submodules)
+            paths = list(base.submodules) if isinstance(base.submodules, tuple) else []
             git(tmp, "submodule", "update", "--init", "--recursive", "--", *paths,
                 hint="check the submodules' URLs in .gitmodules")
             result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))

@@ -13,7 +13,7 @@ import pytest
 
 from dcaforge.cleanroom import Room
 from dcaforge.errors import DcaforgeError, MismatchError
-from dcaforge.series import ApplyHooks, apply, applied_names, parse_hunks
+from dcaforge.series import ApplyHooks, applied_names, apply, parse_hunks
 
 from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh
 
