@@ -193,6 +193,14 @@ def main() -> None:
     text = "\n".join(lines)
     args.out.write_text(text)
     print(text)
+    readme = REPO / "README.md"
+    if args.out.resolve() == (REPO / "bench" / "core.md").resolve() and readme.is_file():
+        start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+        body = readme.read_text()
+        if start in body and end in body:
+            table = "\n".join(ln for ln in lines if ln.startswith("|") or ln.startswith("Load average"))
+            head, rest = body.split(start, 1)
+            readme.write_text(f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
 

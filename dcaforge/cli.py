@@ -190,7 +190,7 @@ def status(
         return
     rows: list[tuple[str, Any]] = [
         ("config", res.config), ("source", res.source), ("clean room", res.room + ("" if res.room_exists else " (none)")),
-        ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
+        ("base", res.base_commit or "-"), ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
                                       + (" (series changed since apply)" if res.series_changed else "")),
         ("baseline", res.baseline or "-"),
         ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")),

@@ -410,11 +410,12 @@ def _current(path: Path) -> tuple[bytes, int] | None:
 def hand_edited_files(room: Room, state: dict[str, Any]) -> list[str]:
     """Files that differ from HEAD in the room and are not exactly what the last render wrote."""
     rendered: dict[str, str] = state.get("rendered") or {}
+    pending: dict[str, str] = state.get("rendering") or {}  # a render that was interrupted
     out = []
     for entry in status_porcelain(room.path):
         rel = entry[3:]
         cur = _current(room.path / rel)
-        if cur is not None and rendered.get(rel) == _sha(cur[0]):
+        if cur is not None and _sha(cur[0]) in (rendered.get(rel), pending.get(rel)):
             continue
         out.append(rel)
     return sorted(out)
@@ -439,6 +440,8 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
                               where=str(room.path),
                               hint="`dcaforge capture` them first (then render), or `dcaforge render --force`")
     result = RenderResult(room=room.path, edits=p.edits, files=p.files)
+    new_hashes = {rel: _sha(d) for rel, (d, _m) in sorted(p.outputs.items())}
+    room.update_state(rendering=new_hashes)  # so an interrupted render is not taken for hand edits
     for rel in sorted(p.outputs):
         data, mode = p.outputs[rel]
         dest = room.path / rel
@@ -459,7 +462,7 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         elif dest.exists() or dest.is_symlink():
             os.unlink(dest)
         result.restored.append(rel)
-    room.update_state(rendered={rel: _sha(d) for rel, (d, _m) in sorted(p.outputs.items())},
+    room.update_state(rendered=new_hashes, rendering=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
 

@@ -182,3 +182,28 @@ def test_removed_render_outputs_are_restored(project) -> None:
     assert "src/llama-dca.cpp" in r.restored and not (room / "src/llama-dca.cpp").exists()
     assert (room / "CMakeLists.txt").read_text() == "project(llama)\nadd_library(llama src/llama.cpp)\n"
     assert Path(room / "src/llama.cpp").read_text().startswith("int line_001 = 2;\n")
+
+
+def test_interrupted_render_is_not_mistaken_for_hand_edits(project, monkeypatch) -> None:
+    import dcaforge.render as rmod
+
+    cfg = project.config
+    apply(cfg)
+    (project.feature / "src/llama-dca.cpp.j2").write_text("v2\n")
+    (project.feature / "tools/dca.sh.j2").write_text("#!/bin/sh\necho v2\n")
+    real = rmod.write_atomic
+    calls = []
+
+    def flaky(path, data, mode=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(path, data, mode)
+
+    monkeypatch.setattr(rmod, "write_atomic", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        render(cfg)
+    monkeypatch.setattr(rmod, "write_atomic", real)
+    r = render(cfg)  # no "hand edits" refusal
+    assert (cfg.room / "src/llama-dca.cpp").read_text() == "v2\n"
+    assert (cfg.room / "tools/dca.sh").read_text() == "#!/bin/sh\necho v2\n" and r.written
