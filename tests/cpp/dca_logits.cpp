@@ -1,0 +1,259 @@
+// dca_logits: evaluate a token sequence with llama.cpp and dump every position's logits.
+//
+// Build (tests/models/build_logits.py does this):
+//   g++ -O2 -std=c++17 [-DDCA] -I<tree>/include -I<tree>/ggml/include dca_logits.cpp \
+//       <build>/src/libllama.a <build>/ggml/src/libggml.a <build>/ggml/src/libggml-cpu.a \
+//       <build>/ggml/src/libggml-base.a -fopenmp -lpthread -ldl -lm -o dca_logits
+// -DDCA enables the --dca* options, which set llama_context_params fields that only the
+// patched (0078-dca) llama.h has.
+//
+// Output: raw little-endian f32, n_seq x n_tokens x n_vocab, row-major (sequence, position, vocab).
+// stdout: one line of JSON with n_tokens, n_vocab, n_seq, n_ctx and the settings used.
+// Exit codes: 0 ok, 1 usage, 2 model/context creation failed, 3 decode failed,
+// 4 non-finite logits (only with --check-finite).
+
+#include "llama.h"
+#include "ggml.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+static bool g_verbose = false;
+
+static void log_cb(enum ggml_log_level level, const char * text, void * /*user*/) {
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
+        fputs(text, stderr);
+    }
+}
+
+static void usage(const char * argv0) {
+    fprintf(stderr,
+        "usage: %s -m MODEL -o OUT.f32 [options]\n"
+        "  --tokens FILE          whitespace-separated token ids (default: generated)\n"
+        "  --seed N --n-tokens N  generated sequence: BOS, then N-1 pseudo-random bytes 0..255 (seed 1, 512)\n"
+        "  --bos N                BOS id for generated sequences (default: the model's)\n"
+        "  -c, --n-ctx N          context size (default: n_tokens * n_seq)\n"
+        "  -b, --n-batch N        tokens per llama_decode call (default 512)\n"
+        "  -ub, --n-ubatch N      ubatch size (default 512)\n"
+        "  -fa, --flash-attn on|off (default off)\n"
+        "  -ctk, -ctv TYPE        cache types: f32 f16 bf16 q8_0 q5_1 q5_0 q4_1 q4_0 iq4_nl (default f16)\n"
+        "  -t, --threads N        (default 2)\n"
+        "  --n-seq K              evaluate the sequence as K identical sequences interleaved in one\n"
+        "                         unified cache (default 1); the output holds all K\n"
+        "  --swa-full             full-size SWA cache\n"
+        "  --check-finite         exit 4 if any logit is NaN/inf\n"
+        "  -v                     llama.cpp logs\n"
+#ifdef DCA
+        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
+#endif
+        , argv0);
+}
+
+static bool parse_type(const std::string & s, ggml_type & t) {
+    static const struct { const char * name; ggml_type type; } types[] = {
+        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q5_1", GGML_TYPE_Q5_1}, {"q5_0", GGML_TYPE_Q5_0},
+        {"q4_1", GGML_TYPE_Q4_1}, {"q4_0", GGML_TYPE_Q4_0}, {"iq4_nl", GGML_TYPE_IQ4_NL},
+    };
+    for (const auto & e : types) {
+        if (s == e.name) { t = e.type; return true; }
+    }
+    return false;
+}
+
+static bool parse_onoff(const std::string & s, bool & v) {
+    if (s == "on" || s == "1" || s == "true")   { v = true;  return true; }
+    if (s == "off" || s == "0" || s == "false") { v = false; return true; }
+    return false;
+}
+
+int main(int argc, char ** argv) {
+    std::string model_path, out_path, tokens_path;
+    uint64_t seed     = 1;
+    int      n_tokens = 512;
+    int      bos      = -1;
+    int      n_ctx    = 0;
+    int      n_batch  = 512;
+    int      n_ubatch = 512;
+    bool     fa       = false;
+    ggml_type ctk     = GGML_TYPE_F16;
+    ggml_type ctv     = GGML_TYPE_F16;
+    int      threads  = 2;
+    int      n_seq    = 1;
+    bool     swa_full = false;
+    bool     check_finite = false;
+#ifdef DCA
+    bool     dca      = false;
+    int      dca_chunk = 0;
+    int      dca_local = 0;
+    float    dca_yarn  = 0.0f;
+#endif
+
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&](void) -> std::string {
+            if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
+            return argv[++i];
+        };
+        if      (a == "-m" || a == "--model")       model_path = next();
+        else if (a == "-o" || a == "--out")         out_path = next();
+        else if (a == "--tokens")                   tokens_path = next();
+        else if (a == "--seed")                     seed = std::stoull(next());
+        else if (a == "--n-tokens")                 n_tokens = std::stoi(next());
+        else if (a == "--bos")                      bos = std::stoi(next());
+        else if (a == "-c" || a == "--n-ctx")       n_ctx = std::stoi(next());
+        else if (a == "-b" || a == "--n-batch")     n_batch = std::stoi(next());
+        else if (a == "-ub" || a == "--n-ubatch")   n_ubatch = std::stoi(next());
+        else if (a == "-fa" || a == "--flash-attn") { if (!parse_onoff(next(), fa)) { usage(argv[0]); return 1; } }
+        else if (a == "-ctk" || a == "--cache-type-k") { if (!parse_type(next(), ctk)) { fprintf(stderr, "bad cache type\n"); return 1; } }
+        else if (a == "-ctv" || a == "--cache-type-v") { if (!parse_type(next(), ctv)) { fprintf(stderr, "bad cache type\n"); return 1; } }
+        else if (a == "-t" || a == "--threads")     threads = std::stoi(next());
+        else if (a == "--n-seq")                    n_seq = std::stoi(next());
+        else if (a == "--swa-full")                 swa_full = true;
+        else if (a == "--check-finite")             check_finite = true;
+        else if (a == "-v")                         g_verbose = true;
+#ifdef DCA
+        else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
+        else if (a == "--dca-chunk-size")           dca_chunk = std::stoi(next());
+        else if (a == "--dca-local-size")           dca_local = std::stoi(next());
+        else if (a == "--dca-yarn-factor")          dca_yarn = std::stof(next());
+#endif
+        else if (a == "-h" || a == "--help")        { usage(argv[0]); return 0; }
+        else { fprintf(stderr, "unknown option %s\n", a.c_str()); usage(argv[0]); return 1; }
+    }
+    if (model_path.empty() || out_path.empty() || n_seq < 1 || n_batch < 1 || n_ubatch < 1) {
+        usage(argv[0]);
+        return 1;
+    }
+
+    llama_log_set(log_cb, nullptr);
+    llama_backend_init();
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
+    if (!model) {
+        fprintf(stderr, "error: failed to load %s\n", model_path.c_str());
+        return 2;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+
+    std::vector<llama_token> tokens;
+    if (!tokens_path.empty()) {
+        std::ifstream f(tokens_path);
+        long long v;
+        while (f >> v) tokens.push_back((llama_token) v);
+        if (tokens.empty()) { fprintf(stderr, "error: no tokens in %s\n", tokens_path.c_str()); return 1; }
+    } else {
+        // BOS, then bytes from a 64-bit LCG (high bits): same sequence on every platform
+        tokens.push_back(bos >= 0 ? bos : llama_vocab_bos(vocab));
+        uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        for (int i = 1; i < n_tokens; ++i) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            tokens.push_back((llama_token) ((s >> 33) & 0xff));
+        }
+    }
+    const int n = (int) tokens.size();
+    if (n_ctx <= 0) n_ctx = n * n_seq;
+
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx           = n_ctx;
+    cparams.n_batch         = n_batch;
+    cparams.n_ubatch        = n_ubatch;
+    cparams.n_seq_max       = n_seq;
+    cparams.n_threads       = threads;
+    cparams.n_threads_batch = threads;
+    cparams.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cparams.type_k          = ctk;
+    cparams.type_v          = ctv;
+    cparams.swa_full        = swa_full;
+    cparams.kv_unified      = true;
+    cparams.no_perf         = true;
+#ifdef DCA
+    cparams.dca             = dca;
+    cparams.dca_chunk_size  = dca_chunk;
+    cparams.dca_local_size  = dca_local;
+    cparams.dca_yarn_factor = dca_yarn;
+#endif
+
+    llama_context * ctx = llama_init_from_model(model, cparams);
+    if (!ctx) {
+        fprintf(stderr, "error: failed to create the context\n");
+        llama_model_free(model);
+        return 2;
+    }
+
+    // per sequence, positions [p0, p0 + step) go into one llama_decode call
+    const int step = n_batch / n_seq;
+    if (step < 1) { fprintf(stderr, "error: n_batch < n_seq\n"); return 1; }
+
+    std::vector<float> out((size_t) n_seq * n * n_vocab);
+    llama_batch batch = llama_batch_init(step * n_seq, 0, 1);
+    int rc = 0;
+    for (int p0 = 0; p0 < n && rc == 0; p0 += step) {
+        const int p1 = std::min(n, p0 + step);
+        batch.n_tokens = 0;
+        for (int p = p0; p < p1; ++p) {
+            for (int s = 0; s < n_seq; ++s) {
+                const int k = batch.n_tokens++;
+                batch.token[k]     = tokens[p];
+                batch.pos[k]       = p;
+                batch.n_seq_id[k]  = 1;
+                batch.seq_id[k][0] = s;
+                batch.logits[k]    = 1;
+            }
+        }
+        const int ret = llama_decode(ctx, batch);
+        if (ret != 0) {
+            fprintf(stderr, "error: llama_decode failed (%d) at positions %d..%d\n", ret, p0, p1 - 1);
+            rc = 3;
+            break;
+        }
+        for (int k = 0; k < batch.n_tokens; ++k) {
+            const float * l = llama_get_logits_ith(ctx, k);
+            if (!l) { fprintf(stderr, "error: no logits for batch index %d\n", k); rc = 3; break; }
+            const int s = batch.seq_id[k][0];
+            const int p = batch.pos[k];
+            memcpy(&out[((size_t) s * n + p) * n_vocab], l, sizeof(float) * n_vocab);
+        }
+    }
+    llama_batch_free(batch);
+
+    if (rc == 0) {
+        FILE * f = fopen(out_path.c_str(), "wb");
+        if (!f || fwrite(out.data(), sizeof(float), out.size(), f) != out.size()) {
+            fprintf(stderr, "error: cannot write %s\n", out_path.c_str());
+            rc = 1;
+        }
+        if (f) fclose(f);
+    }
+
+    size_t n_nonfinite = 0;
+    for (float v : out) n_nonfinite += !std::isfinite(v);
+    if (rc == 0 && check_finite && n_nonfinite) rc = 4;
+
+    printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"n_seq\": %d, \"n_ctx\": %u, \"n_batch\": %d, \"n_ubatch\": %d, "
+           "\"flash_attn\": %s, \"type_k\": \"%s\", \"type_v\": \"%s\", \"nonfinite\": %zu"
+#ifdef DCA
+           ", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d"
+#endif
+           ", \"rc\": %d}\n",
+           n, n_vocab, n_seq, llama_n_ctx(ctx), n_batch, n_ubatch, fa ? "true" : "false",
+           ggml_type_name(ctk), ggml_type_name(ctv), n_nonfinite,
+#ifdef DCA
+           dca ? "true" : "false", dca_chunk, dca_local,
+#endif
+           rc);
+
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    return rc;
+}

@@ -1,0 +1,227 @@
+"""Independent float64 numpy forward pass of the tiny models, with and without DCA.
+
+Written from the model definitions (llama.cpp 0c1e57098 graphs: rope NORM for llama, NEOX for
+the others; gemma's sqrt(E) embedding scale, post norms, tanh-GELU, query scale, final softcap;
+gemma4's proportional rope through rope_freqs, V = K without attn_v, weightless RMS norm on V,
+shared-KV layers) and DCA from ../../shared/reference/dca.md's table, not from the patch:
+
+  query p_i, key p_j <= p_i, chunk length c = S - w, n(p) = p // c
+  intra  n(j) == n(i)      q at p_i mod c               k at p_j mod c
+  succ   n(j) == n(i) - 1  q at min(p_i mod c + c, S)   k at p_j mod c
+  inter  n(j) <= n(i) - 2  q at S                       k at p_j mod c
+  one softmax over the whole causal row.
+
+DCA applies to every layer of qwen2/qwen3/qwen3moe/llama and to the global (non-sliding)
+layers of gemma3/gemma4. Single sequence, positions 0..n-1.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from . import tiny
+
+
+def load_tensors(path: str) -> dict[str, np.ndarray]:
+    r = gguf.GGUFReader(path)
+    out = {}
+    for t in r.tensors:
+        a = np.asarray(t.data)
+        if a.dtype == np.float16 or a.dtype == np.float32:
+            out[t.name] = a.astype(np.float64).reshape([int(x) for x in reversed(t.shape)])
+        else:
+            raise ValueError(f"{t.name}: unsupported tensor type {t.tensor_type}")
+    return out
+
+
+def _rms(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
+          freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """x [n, H, d], pos [n] -> roped copy (ggml_rope_ext, no YaRN, freq_scale 1)."""
+    x = x.copy()
+    half = n_rot // 2
+    inv = base ** (-2.0 * np.arange(half) / n_rot)
+    if freq_factors is not None:
+        inv = inv / freq_factors[:half]
+    theta = pos[:, None].astype(np.float64) * inv[None, :]       # [n, half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    if neox:
+        x0, x1 = x[..., :half].copy(), x[..., half:n_rot].copy()
+        x[..., :half] = x0 * cos - x1 * sin
+        x[..., half:n_rot] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2] = x0 * cos - x1 * sin
+        x[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    return x
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = s.max(axis=axis, keepdims=True)
+    e = np.exp(s - m)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def dca_regimes(n: int, S: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For positions 0..n-1: (regime [n, n] with 0 intra / 1 succ / 2 inter / -1 future,
+    the three query positions [3, n], the key positions [n])."""
+    c = S - W
+    p = np.arange(n)
+    ni, nj = (p // c)[:, None], (p // c)[None, :]
+    reg = np.where(nj == ni, 0, np.where(nj == ni - 1, 1, 2))
+    reg = np.where(p[None, :] <= p[:, None], reg, -1)
+    qpos = np.stack([p % c, np.minimum(p % c + c, S), np.full(n, S)])
+    return reg, qpos, p % c
+
+
+def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None) -> np.ndarray:
+    """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None."""
+    spec = tiny.spec_for(arch)
+    T = load_tensors(path)
+    eps = spec.rms_eps
+    gemma = arch in ("gemma3", "gemma4")
+    neox = arch != "llama"
+    n = len(tokens)
+    pos = np.arange(n)
+    E = spec.n_embd
+
+    x = T["token_embd.weight"][np.asarray(tokens)]
+    if gemma:
+        x = x * np.sqrt(E)
+
+    if dca is not None:
+        reg, qpos_dca, kpos_dca = dca_regimes(n, *dca)
+    causal = pos[None, :] <= pos[:, None]
+
+    n_layer_kv = spec.n_layer - spec.n_shared_kv
+    kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        swa = bool(spec.swa) and spec.swa[il]
+        hd = spec.head_dim_swa if (arch == "gemma4" and swa) else spec.head_dim
+        H, Hkv = spec.n_head, spec.n_head_kv
+        is_dca = dca is not None and not swa
+        if arch == "gemma4":
+            n_rot = spec.head_dim_swa if swa else spec.head_dim
+            ff = None if swa else T["rope_freqs.weight"]
+        else:
+            n_rot, ff = hd, None
+        base = spec.rope_base
+
+        h = _rms(x, eps) * T[p + "attn_norm.weight"]
+        q = h @ T[p + "attn_q.weight"].T
+        if p + "attn_q.bias" in T:
+            q = q + T[p + "attn_q.bias"]
+        q = q.reshape(n, H, hd)
+        if spec.qk_norm:
+            q = _rms(q, eps) * T[p + "attn_q_norm.weight"]
+
+        if il < n_layer_kv:
+            k = h @ T[p + "attn_k.weight"].T
+            if p + "attn_k.bias" in T:
+                k = k + T[p + "attn_k.bias"]
+            if p + "attn_v.weight" in T:
+                v = h @ T[p + "attn_v.weight"].T
+                if p + "attn_v.bias" in T:
+                    v = v + T[p + "attn_v.bias"]
+            else:
+                v = k.copy()      # gemma4: V = K (taken before the K norm and rope)
+            k = k.reshape(n, Hkv, hd)
+            v = v.reshape(n, Hkv, hd)
+            if spec.qk_norm:
+                k = _rms(k, eps) * T[p + "attn_k_norm.weight"]
+            if arch == "gemma4":
+                v = _rms(v, eps)
+            k = _rope(k, kpos_dca if is_dca else pos, n_rot, base, neox, ff)
+            kv[il] = (k, v)
+        else:
+            k, v = kv[n_layer_kv - (2 if swa else 1)]
+
+        if is_dca:
+            qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff) for r in range(3)]
+        else:
+            qs = [_rope(q, pos, n_rot, base, neox, ff)]
+
+        if arch == "gemma3":
+            qs = [qq / np.sqrt(hd) for qq in qs]
+            kq_scale = 1.0
+        elif arch == "gemma4":
+            kq_scale = 1.0
+        else:
+            kq_scale = 1.0 / np.sqrt(hd)
+
+        allowed = causal
+        if swa:
+            allowed = allowed & (pos[:, None] - pos[None, :] < spec.n_swa)
+
+        out = np.empty((n, H, hd))
+        g = H // Hkv
+        for hh in range(H):
+            kh, vh = k[:, hh // g, :], v[:, hh // g, :]
+            if is_dca:
+                s3 = np.stack([qq[:, hh, :] @ kh.T for qq in qs])        # [3, n, n]
+                s = np.take_along_axis(s3, np.maximum(reg, 0)[None], axis=0)[0]
+            else:
+                s = qs[0][:, hh, :] @ kh.T
+            s = np.where(allowed, s * kq_scale, -np.inf)
+            out[:, hh, :] = _softmax(s) @ vh
+        o = out.reshape(n, H * hd) @ T[p + "attn_output.weight"].T
+        if spec.post_norms:
+            o = _rms(o, eps) * T[p + "post_attention_norm.weight"]
+        x = x + o
+
+        h = _rms(x, eps) * T[p + "ffn_norm.weight"]
+        if spec.n_expert:
+            logits_g = h @ T[p + "ffn_gate_inp.weight"].T
+            probs = _softmax(logits_g)
+            top = np.argsort(-probs, axis=-1, kind="stable")[:, : spec.n_expert_used]
+            wts = np.take_along_axis(probs, top, axis=-1)
+            wts = wts / wts.sum(axis=-1, keepdims=True)
+            f = np.zeros_like(x)
+            for e in range(spec.n_expert):
+                sel = (top == e)
+                rows = sel.any(axis=-1)
+                if not rows.any():
+                    continue
+                he = h[rows]
+                a = _silu(he @ T[p + "ffn_gate_exps.weight"][e].T) * (he @ T[p + "ffn_up_exps.weight"][e].T)
+                y = a @ T[p + "ffn_down_exps.weight"][e].T
+                f[rows] += (wts * sel).sum(axis=-1)[rows, None] * y
+        else:
+            act = _gelu_tanh if gemma else _silu
+            f = (act(h @ T[p + "ffn_gate.weight"].T) * (h @ T[p + "ffn_up.weight"].T)) @ T[p + "ffn_down.weight"].T
+        if spec.post_norms:
+            f = _rms(f, eps) * T[p + "post_ffw_norm.weight"]
+        x = x + f
+
+    x = _rms(x, eps) * T["output_norm.weight"]
+    W_out = T.get("output.weight", T["token_embd.weight"])
+    logits = x @ W_out.T
+    if spec.softcap:
+        logits = spec.softcap * np.tanh(logits / spec.softcap)
+    return logits
+
+
+def tokens_for(seed: int, n_tokens: int, bos: int = tiny.BOS_ID) -> np.ndarray:
+    """The sequence dca_logits generates for --seed/--n-tokens: BOS, then LCG bytes."""
+    mask = (1 << 64) - 1
+    a, b = 6364136223846793005, 1442695040888963407
+    s = (seed * a + b) & mask
+    out = [bos]
+    for _ in range(1, n_tokens):
+        s = (s * a + b) & mask
+        out.append((s >> 33) & 0xFF)
+    return np.array(out, dtype=np.int64)

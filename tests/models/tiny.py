@@ -1,0 +1,298 @@
+"""Deterministic writer of tiny random-weight GGUF models for the DCA tests.
+
+One model per architecture that patch 0078-dca hooks: qwen2, qwen3, qwen3moe, llama,
+gemma3 (sliding/global mix), gemma4 (sliding/global mix, head dim 512 on the global layers and
+64 on the sliding ones, a global layer without attn_v (K = V), two shared-KV layers).
+Keys and tensors follow ../../../shared/reference/tiny-gguf.md (llama.cpp 0c1e57098).
+
+Every model has the same byte-level tokenizer (258 tokens: the 256 GPT-2 byte characters, then
+<|bos|> = 256 and <|endoftext|> = 257) and a trained context of 256 tokens.
+Weights are seeded from (seed, arch, variant, tensor name), so a file is byte-identical across
+runs and machines.
+
+Variant "zero-global": the attention output projection (attn_output) of every global
+(non-sliding) layer is zero, so the global layers contribute nothing; with DCA touching only
+global layers, such a model must give the same logits with DCA on and off at any length. Only
+meaningful for gemma3 / gemma4 (for the other archs every layer is global).
+
+CLI: python -m tests.models.tiny OUTDIR [--arch A ...] [--variant normal|zero-global] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+
+import gguf
+import numpy as np
+
+ARCHS = ("qwen2", "qwen3", "qwen3moe", "llama", "gemma3", "gemma4")
+SWA_ARCHS = ("gemma3", "gemma4")
+VARIANTS = ("normal", "zero-global")
+
+N_CTX_TRAIN = 256
+N_VOCAB = 258
+BOS_ID = 256
+EOS_ID = 257
+DEFAULT_SEED = 1234
+
+
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable unicode character table; index = byte value."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, (chr(c) for c in cs), strict=True))
+    return [table[b] for b in range(256)]
+
+
+@dataclass
+class Spec:
+    arch: str
+    n_embd: int = 128
+    n_layer: int = 3
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_ff: int = 256
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False            # gemma: post_attention_norm / post_ffw_norm
+    # MoE (qwen3moe)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    # sliding window (gemma)
+    swa: list[bool] = field(default_factory=list)   # per layer, True = sliding
+    n_swa: int = 0
+    head_dim_swa: int = 0               # gemma4
+    n_shared_kv: int = 0                # gemma4
+    no_v_layers: tuple[int, ...] = ()   # gemma4: layers without attn_v (V = K)
+    rope_dims_global: int = 0           # gemma4: rotated dims on global layers (rope_freqs)
+    qk_norm_scale: float = 1.0          # weight of q/k norms (gemma4 has attention scale 1)
+    softcap: float | None = None
+
+
+def spec_for(arch: str) -> Spec:
+    if arch == "llama":
+        return Spec(arch, n_embd=128, n_layer=3, n_head=4, n_head_kv=2, head_dim=32, n_ff=256)
+    if arch == "qwen2":
+        return Spec(arch, n_embd=128, n_layer=3, n_head=4, n_head_kv=2, head_dim=32, n_ff=256,
+                    qkv_bias=True)
+    if arch == "qwen3":
+        # head_dim * n_head != n_embd, as in the real Qwen3 models
+        return Spec(arch, n_embd=128, n_layer=3, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
+                    qk_norm=True)
+    if arch == "qwen3moe":
+        return Spec(arch, n_embd=128, n_layer=3, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
+                    qk_norm=True, n_expert=4, n_expert_used=2, n_ff_exp=64)
+    if arch == "gemma3":
+        # layers: sliding, global, sliding, global (pattern 2: layer i slides if i % 2 < 1)
+        return Spec(arch, n_embd=128, n_layer=4, n_head=2, n_head_kv=1, head_dim=64, n_ff=256,
+                    qk_norm=True, post_norms=True, swa=[True, False, True, False], n_swa=64,
+                    softcap=None)
+    if arch == "gemma4":
+        # layers 0..5: S G S G S G; layers 4, 5 share the KV of layers 2 (sliding) and 3 (global);
+        # layer 1 (global) has no attn_v (V = K)
+        return Spec(arch, n_embd=128, n_layer=6, n_head=2, n_head_kv=1, head_dim=512, n_ff=256,
+                    qk_norm=True, post_norms=True, swa=[True, False, True, False, True, False],
+                    n_swa=64, head_dim_swa=64, n_shared_kv=2, no_v_layers=(1,),
+                    rope_dims_global=128, qk_norm_scale=0.25, softcap=30.0)
+    raise ValueError(f"unknown arch {arch!r} (known: {', '.join(ARCHS)})")
+
+
+class _Rng:
+    """Per-tensor deterministic generator: independent of the order tensors are written in."""
+
+    def __init__(self, seed: int, arch: str):
+        # the variant is not part of the seed: variants differ only where they say they do
+        self.base = f"{seed}/{arch}"
+
+    def gen(self, name: str) -> np.random.Generator:
+        h = hashlib.sha256(f"{self.base}/{name}".encode()).digest()
+        return np.random.default_rng(int.from_bytes(h[:8], "little"))
+
+    def normal(self, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
+        return (self.gen(name).standard_normal(shape) * std).astype(np.float32)
+
+    def norm_w(self, name: str, n: int, scale: float = 1.0) -> np.ndarray:
+        # norm weights around `scale` (llama.cpp multiplies by the stored value as is)
+        return (scale * (1.0 + 0.1 * self.gen(name).standard_normal(n))).astype(np.float32)
+
+
+def _is_swa(spec: Spec, il: int) -> bool:
+    return bool(spec.swa) and spec.swa[il]
+
+
+def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEED) -> str:
+    """Write the tiny model of `arch` to `path`; returns path."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}")
+    spec = spec_for(arch)
+    rng = _Rng(seed, arch)
+    E, V, F = spec.n_embd, N_VOCAB, spec.n_ff
+
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"dcaforge-tiny-{arch}-{variant}")
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(E)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
+    w.add_rope_freq_base(spec.rope_base)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "llama":
+        w.add_rope_dimension_count(spec.head_dim)
+    if arch == "qwen3moe":
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+    if arch == "gemma3":
+        w.add_sliding_window(spec.n_swa)
+        w.add_sliding_window_pattern(2)          # layer i slides if i % 2 < 1
+        w.add_rope_freq_base_swa(spec.rope_base)
+    if arch == "gemma4":
+        w.add_sliding_window(spec.n_swa)
+        w.add_sliding_window_pattern(list(spec.swa))   # must be a bool array for gemma4
+        w.add_embedding_length_per_layer_input(0)
+        w.add_key_length_swa(spec.head_dim_swa)
+        w.add_value_length_swa(spec.head_dim_swa)
+        w.add_rope_dimension_count(spec.head_dim)
+        w.add_rope_dimension_count_swa(spec.head_dim_swa)
+        w.add_rope_freq_base_swa(spec.rope_base)
+        w.add_shared_kv_layers(spec.n_shared_kv)
+    if spec.softcap is not None:
+        w.add_final_logit_softcapping(spec.softcap)
+
+    # tokenizer: BOS + raw bytes
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(bytes_to_unicode() + ["<|bos|>", "<|endoftext|>"])
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * 2)
+    w.add_token_merges(["<|bos|> <|endoftext|>"])   # never fires; an empty list is dropped
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    def t(name: str, arr: np.ndarray) -> None:
+        # numpy shapes are the reverse of ggml's ne
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    emb_std = 1.0 / np.sqrt(E) if arch in SWA_ARCHS else 0.5   # gemma scales embeddings by sqrt(E)
+    t("token_embd.weight", rng.normal("token_embd", (V, E), emb_std))
+    t("output_norm.weight", rng.norm_w("output_norm", E))
+    if arch not in SWA_ARCHS:
+        # untied output head; gemma ties it to the embedding
+        t("output.weight", rng.normal("output", (V, E), 0.1))
+
+    n_layer_kv = spec.n_layer - spec.n_shared_kv
+    if arch == "gemma4":
+        # proportional rope of the global layers: the first rope_dims_global dims rotate
+        nf = spec.head_dim // 2
+        ff = np.full(nf, 1e30, dtype=np.float32)
+        ff[: spec.rope_dims_global // 2] = 1.0
+        t("rope_freqs.weight", ff)
+
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        swa = _is_swa(spec, il)
+        hd = spec.head_dim_swa if (arch == "gemma4" and swa) else spec.head_dim
+        q_dim = hd * spec.n_head
+        kv_dim = hd * spec.n_head_kv
+        has_kv = il < n_layer_kv
+        proj_std = 1.0 / np.sqrt(E)
+
+        t(p + "attn_norm.weight", rng.norm_w(p + "attn_norm", E))
+        t(p + "attn_q.weight", rng.normal(p + "attn_q", (q_dim, E), proj_std))
+        if has_kv:
+            t(p + "attn_k.weight", rng.normal(p + "attn_k", (kv_dim, E), proj_std))
+            if il not in spec.no_v_layers:
+                t(p + "attn_v.weight", rng.normal(p + "attn_v", (kv_dim, E), proj_std))
+        if spec.qkv_bias:
+            t(p + "attn_q.bias", rng.normal(p + "attn_q.bias", (q_dim,), 0.1))
+            t(p + "attn_k.bias", rng.normal(p + "attn_k.bias", (kv_dim,), 0.1))
+            t(p + "attn_v.bias", rng.normal(p + "attn_v.bias", (kv_dim,), 0.1))
+        wo = rng.normal(p + "attn_output", (E, q_dim), 1.0 / np.sqrt(q_dim))
+        if variant == "zero-global" and not swa:
+            wo[...] = 0.0
+        t(p + "attn_output.weight", wo)
+        if spec.qk_norm:
+            t(p + "attn_q_norm.weight", rng.norm_w(p + "attn_q_norm", hd, spec.qk_norm_scale))
+            if has_kv:
+                t(p + "attn_k_norm.weight", rng.norm_w(p + "attn_k_norm", hd, spec.qk_norm_scale))
+        if spec.post_norms:
+            t(p + "post_attention_norm.weight", rng.norm_w(p + "post_attention_norm", E))
+            t(p + "post_ffw_norm.weight", rng.norm_w(p + "post_ffw_norm", E))
+
+        t(p + "ffn_norm.weight", rng.norm_w(p + "ffn_norm", E))
+        if spec.n_expert:
+            ne, fe = spec.n_expert, spec.n_ff_exp
+            t(p + "ffn_gate_inp.weight", rng.normal(p + "ffn_gate_inp", (ne, E), 0.5))
+            t(p + "ffn_gate_exps.weight", rng.normal(p + "ffn_gate_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
+            t(p + "ffn_up_exps.weight", rng.normal(p + "ffn_up_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
+            t(p + "ffn_down_exps.weight", rng.normal(p + "ffn_down_exps", (ne, E, fe), 1.0 / np.sqrt(fe)))
+        else:
+            t(p + "ffn_gate.weight", rng.normal(p + "ffn_gate", (F, E), 1.0 / np.sqrt(E)))
+            t(p + "ffn_up.weight", rng.normal(p + "ffn_up", (F, E), 1.0 / np.sqrt(E)))
+            t(p + "ffn_down.weight", rng.normal(p + "ffn_down", (E, F), 1.0 / np.sqrt(F)))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def model_path(outdir: str, arch: str, variant: str = "normal") -> str:
+    suffix = "" if variant == "normal" else f"-{variant}"
+    return os.path.join(outdir, f"tiny-{arch}{suffix}.gguf")
+
+
+def ensure(outdir: str, arch: str, variant: str = "normal", seed: int = DEFAULT_SEED) -> str:
+    """Write the model into outdir unless it is already there; returns its path."""
+    os.makedirs(outdir, exist_ok=True)
+    path = model_path(outdir, arch, variant)
+    if not os.path.exists(path):
+        tmp = path + f".tmp{os.getpid()}"
+        build(arch, tmp, variant, seed)
+        os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.models.tiny", description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--arch", action="append", choices=ARCHS, help="repeatable; default: all")
+    ap.add_argument("--variant", action="append", choices=VARIANTS,
+                    help="repeatable; default: normal (zero-global is written for gemma3/gemma4 only)")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    a = ap.parse_args(argv)
+    os.makedirs(a.outdir, exist_ok=True)
+    for arch in a.arch or ARCHS:
+        for variant in a.variant or ["normal"]:
+            if variant == "zero-global" and arch not in SWA_ARCHS:
+                continue
+            path = model_path(a.outdir, arch, variant)
+            build(arch, path, variant, a.seed)
+            print(f"{path}  {os.path.getsize(path)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
