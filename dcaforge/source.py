@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import zipfile
@@ -66,7 +67,7 @@ def download_sdist(requirement: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
     try:
-        run(["python3" if shutil.which("python3") else "python", "-m", "pip", "download", "--no-deps",
+        run([sys.executable, "-m", "pip", "download", "--no-deps",
              "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), requirement],
             dest, what=f"pip download {requirement}",
             hint="check the requirement and your network or pip index; the sdist is cached after one success")
