@@ -487,6 +487,9 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
         state = room.load_state()
         result.start = state["start"]
         phase = state.get("phase")
+        if cont and phase == "applied":
+            cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
+            result.notes.append("nothing to continue: the series is fully applied")
         names = applied_names(room.path)
 
         if phase == "applied" and not cont:

@@ -211,3 +211,12 @@ def test_parse_hunks_counts_lines() -> None:
             "@@ -10 +10 @@\n-q\n+r\n")
     hunks = parse_hunks(text)
     assert [(h.file, h.index, h.old_start) for h in hunks] == [("x", 1, 1), ("x", 2, 10)]
+
+
+def test_continue_on_a_finished_room_keeps_hand_edits(project) -> None:
+    cfg = project.config
+    apply(cfg)
+    (cfg.room / "src/llama.cpp").write_text("hand edit\n")
+    res = apply(cfg, cont=True)
+    assert "nothing to continue: the series is fully applied" in res.notes
+    assert (cfg.room / "src/llama.cpp").read_text() == "hand edit\n"
