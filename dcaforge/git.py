@@ -9,10 +9,12 @@ depend on the user's git setup.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +112,10 @@ def run(
         capture_output=True,
         check=False,
     )
+    if proc.returncode == -signal.SIGINT:
+        # the child died of the Ctrl-C that is about to reach us: stop here, not with a bogus
+        # "command failed"
+        raise KeyboardInterrupt
     res = Result(
         argv=args,
         returncode=proc.returncode,
@@ -125,6 +131,48 @@ def run(
             hint=hint,
         )
     return res
+
+
+def run_streaming(
+    argv: Sequence[str | os.PathLike[str]],
+    cwd: Path,
+    *,
+    log_file: Path,
+    on_line: Callable[[str], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run a long command (a build) in ``cwd``: stdout and stderr merged, every line appended to
+    ``log_file`` and handed to ``on_line``. Returns the exit status (checking is the caller's job:
+    it knows how to read the log). Ctrl-C stops the whole process group, then re-raises."""
+    args = tuple(os.fspath(a) for a in argv)
+    log.debug("run %s (cwd=%s, log=%s)", " ".join(args), cwd, log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(args)}\n# cwd: {cwd}\n")
+        fh.flush()
+        proc = subprocess.Popen(args, cwd=os.fspath(cwd), env=isolated_env(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                fh.write(line + "\n")
+                if on_line is not None:
+                    on_line(line)
+            rc = proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            fh.write("# interrupted\n")
+            raise
+        fh.write(f"# exit {rc}\n")
+    return rc
 
 
 def git(
