@@ -70,6 +70,49 @@ class FeatureConfig:
         return f"{self.number:04d}-{self.name}.patch"
 
 
+# --- build: and gates: (read by build.py and gate.py) -----------------------------------
+
+BACKENDS = ("cmake", "llamafile")
+GATE_KINDS = ("off-identity", "noop-below-chunk", "extension")
+
+
+@dataclass(frozen=True)
+class CmakeBuildConfig:
+    generator: str = "Ninja"
+    dir: str = "build"              # relative to the tree (clean room or baseline worktree)
+    cuda_dir: str = "build-cuda"    # the --cuda build's folder, same base
+    defines: tuple[tuple[str, str], ...] = ()  # extra -D NAME=VALUE, over build.DEFAULT_DEFINES
+    cuda_architectures: str = "86;90"
+    targets: tuple[str, ...] = ()   # () = cmake's default target (everything)
+
+
+@dataclass(frozen=True)
+class LlamafileBuildConfig:
+    make: str | None = None         # None: the cosmocc make in .cosmocc/<ver>/bin, else `make` on PATH
+    targets: tuple[str, ...] = ()   # () = the Makefile's default goal
+    cuda_flags: tuple[str, ...] = ()
+    cuda_output: str = "o/cuda/ggml-cuda.so"  # relative to the clean room
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    backend: str = "cmake"
+    jobs: int | None = None         # None: the machine's cores
+    ccache: bool = True             # use ccache when it is installed
+    cmake: CmakeBuildConfig = field(default_factory=CmakeBuildConfig)
+    llamafile: LlamafileBuildConfig = field(default_factory=LlamafileBuildConfig)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    name: str
+    kind: str                       # one of GATE_KINDS
+    where: str                      # file:line of the entry, for messages
+    model: Path | None = None       # a GGUF file
+    recipe: str | None = None       # or "tiny:<arch>[:<variant>]" (tests/models/tiny.py)
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's own settings
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path | None  # the config file (None for a config built in code)
@@ -81,6 +124,8 @@ class Config:
     bootstrap: tuple[str | tuple[str, ...], ...]
     series: SeriesConfig
     feature: FeatureConfig
+    build: BuildConfig = field(default_factory=lambda: BuildConfig())
+    gates: tuple[GateConfig, ...] = ()
 
     @property
     def room(self) -> Path:
@@ -94,7 +139,8 @@ class Config:
         return str(self.path) if self.path else "(built in)"
 
 
-TOP_KEYS = {"root", "name", "cleanroom", "source", "llama_cpp_dir", "bootstrap", "series", "feature"}
+TOP_KEYS = {"root", "name", "cleanroom", "source", "llama_cpp_dir", "bootstrap", "series", "feature",
+            "build", "gates"}
 
 
 def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
@@ -107,6 +153,10 @@ def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
     local = (cwd or Path.cwd()) / DEFAULT_CONFIG_NAME
     if local.is_file():
         return local
+    if not BUILTIN_CONFIG.is_file():
+        raise ConfigError(f"no {DEFAULT_CONFIG_NAME} here and no built-in default at {BUILTIN_CONFIG}",
+                          where=str(local),
+                          hint="pass -c CONFIG, or install dcaforge from its repository (pip install -e .)")
     return BUILTIN_CONFIG
 
 
@@ -209,4 +259,113 @@ def parse_config(path: Path) -> Config:
         vars=dict(feat.get("vars", dict, default={})),
     )
     return Config(path=path, root=root, name=name, workspace=workspace, source=source,
-                  llama_cpp_dir=llama_cpp_dir, bootstrap=tuple(bootstrap), series=series, feature=feature)
+                  llama_cpp_dir=llama_cpp_dir, bootstrap=tuple(bootstrap), series=series, feature=feature,
+                  build=_parse_build(top), gates=_parse_gates(top, root))
+
+
+# --- build: and gates: ------------------------------------------------------------------
+
+def _str_list(r: Reader, key: str) -> tuple[str, ...]:
+    value = r.get(key, list, default=[])
+    for i, item in enumerate(value):
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise r.error(key, f"'{r.key(key)}[{i}]' must be a string, got {type(item).__name__}")
+    return tuple(str(v) for v in value)
+
+
+def _define_value(r: Reader, name: str, value: Any) -> str:
+    if isinstance(value, bool):  # YAML reads OFF/ON as booleans
+        return "ON" if value else "OFF"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise r.error(name, f"'{r.key(name)}' must be a string, a number or ON/OFF, got {type(value).__name__}")
+
+
+def _parse_build(top: Reader) -> BuildConfig:
+    b = top.sub("build")
+    b.check_keys({"backend", "jobs", "ccache", "cmake", "llamafile"})
+    backend = b.get("backend", str, default="cmake")
+    if backend not in BACKENDS:
+        raise b.error("backend", f"'build.backend' must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    jobs = b.get("jobs", int)
+    if jobs is not None and jobs < 1:
+        raise b.error("jobs", f"'build.jobs' must be at least 1, got {jobs}")
+
+    c = b.sub("cmake")
+    c.check_keys({"generator", "dir", "cuda_dir", "defines", "cuda_architectures", "targets"})
+    d = c.sub("defines")
+    defines: list[tuple[str, str]] = []
+    for k in d.data:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise d.error(k, f"'{d.key(k)}' is not a CMake variable name")
+        defines.append((k, _define_value(d, k, d.data[k])))
+    archs = c.get("cuda_architectures", (str, int), default="86;90")
+    cmake = CmakeBuildConfig(
+        generator=c.get("generator", str, default="Ninja"),
+        dir=_clean_relpath(c, "dir", c.get("dir", str, default="build")),
+        cuda_dir=_clean_relpath(c, "cuda_dir", c.get("cuda_dir", str, default="build-cuda")),
+        defines=tuple(defines),
+        cuda_architectures=str(archs),
+        targets=_str_list(c, "targets"),
+    )
+
+    lf = b.sub("llamafile")
+    lf.check_keys({"make", "targets", "cuda_flags", "cuda_output"})
+    llamafile = LlamafileBuildConfig(
+        make=lf.get("make", str),
+        targets=_str_list(lf, "targets"),
+        cuda_flags=_str_list(lf, "cuda_flags"),
+        cuda_output=_clean_relpath(lf, "cuda_output", lf.get("cuda_output", str, default="o/cuda/ggml-cuda.so")),
+    )
+    return BuildConfig(backend=backend, jobs=jobs, ccache=b.get("ccache", bool, default=True),
+                       cmake=cmake, llamafile=llamafile)
+
+
+#: Settings each gate kind takes besides name, kind, model, recipe (the defaults live in gate.py).
+GATE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "off-identity": {"n_tokens": int, "flash_attn": list, "threads": int},
+    "noop-below-chunk": {"chunk": int, "local": int, "n_tokens": int, "tolerance": float, "flash_attn": list,
+                         "threads": int},
+    "extension": {"text": str, "trained": int, "contexts": list, "chunk": int, "local": int, "dca_args": list,
+                  "extra_args": list, "ppl_ratio_max": float, "plain_ratio_min": float, "passkey_trials": int,
+                  "passkey_min": float, "threads": int},
+}
+
+
+def _parse_gates(top: Reader, root: Path) -> tuple[GateConfig, ...]:
+    items = top.get("gates", list, default=[])
+    lines = top.list_lines("gates")
+    out: list[GateConfig] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        line = lines[i] if i < len(lines) else 0
+        if not isinstance(item, dict):
+            raise ConfigError(f"'gates[{i}]' must be a mapping (name:, kind:, ...)", where=f"{top.file}:{line}")
+        g = Reader(item, top.file, f"gates[{i}]", line=line)
+        kind = g.get("kind", str, required=True)
+        if kind not in GATE_KINDS:
+            raise g.error("kind", f"'gates[{i}].kind' must be one of {', '.join(GATE_KINDS)}, got {kind!r}")
+        spec = GATE_OPTIONS[kind]
+        g.check_keys({"name", "kind", "model", "recipe", *spec})
+        name = g.get("name", str, required=True)
+        if not _NAME_RE.match(name):
+            raise g.error("name", f"'gates[{i}].name' must be a plain name (letters, digits, . _ -), got {name!r}")
+        if name in seen:
+            raise g.error("name", f"two gates are named {name!r}")
+        seen.add(name)
+        model, recipe = g.get("model", str), g.get("recipe", str)
+        if (model is None) == (recipe is None):
+            raise ConfigError(f"gate {name!r} needs exactly one of 'model:' (a GGUF file) or 'recipe:' (tiny:<arch>)",
+                              where=g.where())
+        if recipe is not None and not re.match(r"^tiny:[a-z0-9]+(:[a-z-]+)?$", recipe):
+            raise g.error("recipe", f"'gates[{i}].recipe' must look like tiny:qwen2 or tiny:gemma3:zero-global, got {recipe!r}")
+        options: dict[str, Any] = {}
+        for key, types in sorted(spec.items()):
+            value = g.get(key, types)
+            if value is not None:
+                options[key] = list(value) if isinstance(value, list) else value
+        if "text" in options:
+            options["text"] = _rel_path(options["text"], root)
+        out.append(GateConfig(name=name, kind=kind, where=g.where(), options=options, recipe=recipe,
+                              model=_rel_path(model, root) if model is not None else None))
+    return tuple(out)
