@@ -226,18 +226,6 @@ def commit_all(cwd: Path, message: str, *, allow_empty: bool = True) -> str:
     return git_out(cwd, "rev-parse", "HEAD")
 
 
-def commit_index(cwd: Path, message: str) -> str:
-    """Commit the index as it is on top of HEAD (no work-tree scan: write-tree + commit-tree)."""
-    tree = git_out(cwd, "write-tree")
-    parent = rev_parse(cwd, "HEAD")
-    args = ["commit-tree", tree, "-m", message]
-    if parent:
-        args[2:2] = ["-p", parent]
-    sha = git_out(cwd, *args)
-    git(cwd, "update-ref", "-m", "dcaforge", "HEAD", sha)
-    return sha
-
-
 def status_porcelain(cwd: Path) -> list[str]:
     """``git status --porcelain`` lines (untracked files listed one by one), read-only."""
     res = git(cwd, "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all")

@@ -491,9 +491,13 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
             cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
             result.notes.append("nothing to continue: the series is fully applied")
         names = applied_names(room.path)
+        if state.get("source") != base.description:
+            raise DcaforgeError(
+                f"the clean room was made from {state.get('source')}, the config now says {base.description}",
+                where=str(room.path), hint="dcaforge apply --fresh")
 
         if phase == "applied" and not cont:
-            if state.get("series") == _series_record(patches) and state.get("source") == base.description:
+            if state.get("series") == _series_record(patches):
                 result.skipped_to = len(patches)
                 result.baseline = state.get("baseline")
                 result.notes.append("series unchanged since the last apply")
@@ -509,7 +513,7 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
             names = []
             result.notes.append("series changed: re-applied from the start")
         elif phase in ("failed", "interrupted", "applying") and not cont:
-            at = state.get("failed", {}).get("patch") if phase == "failed" else None
+            at = (state.get("failed") or {}).get("patch") if phase == "failed" else None
             raise DcaforgeError(
                 f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
                 f"({len(names)}/{len(patches)} patches applied)",

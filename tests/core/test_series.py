@@ -220,3 +220,20 @@ def test_continue_on_a_finished_room_keeps_hand_edits(project) -> None:
     res = apply(cfg, cont=True)
     assert "nothing to continue: the series is fully applied" in res.notes
     assert (cfg.room / "src/llama.cpp").read_text() == "hand edit\n"
+
+
+def test_series_change_reapplies_and_source_change_needs_fresh(project) -> None:
+    project.add_patch("0001-a.patch", make_patch_git(project.source, _edit_line(10, "int line_010 = -1;"), project.tmp, "a"))
+    cfg = project.config
+    apply(cfg)
+    project.add_patch("0002-b.patch", make_patch_git(project.source, _edit_line(40, "int line_040 = -4;"), project.tmp, "b"))
+    res = apply(cfg)
+    assert "series changed: re-applied from the start" in res.notes
+    assert res.applied_now == ["0001-a.patch", "0002-b.patch"]
+    other = project.tmp / "other-source"
+    sh(["git", "clone", "-q", str(project.source), str(other)], project.tmp)
+    cfg2 = project.write_config(source=f"git: {other}\nref: main")
+    with pytest.raises(DcaforgeError, match="the config now says") as exc:
+        apply(cfg2)
+    assert exc.value.hint == "dcaforge apply --fresh"
+    assert apply(cfg2, fresh=True).created
