@@ -277,8 +277,11 @@ def inspect_checkout(path: Path) -> CheckoutInfo | None:
         head = repo.head.commit.hexsha
     except ValueError:
         head = None
-    with repo.git.custom_environment(**{k: v for k, v in isolated_env().items()
-                                          if k.startswith(("GIT_", "LC_"))}):
+    env = {k: v for k, v in isolated_env().items() if k.startswith(("GIT_", "LC_"))}
+    # GitPython merges os.environ: pin the repository so an outside GIT_DIR/GIT_INDEX_FILE cannot redirect it
+    env.update(GIT_DIR=str(repo.git_dir), GIT_WORK_TREE=str(top),
+               GIT_INDEX_FILE=os.path.join(str(repo.git_dir), "index"))
+    with repo.git.custom_environment(**env):
         raw = repo.git.execute(
             ["git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
              "--ignore-submodules=dirty"],

@@ -96,3 +96,20 @@ def test_lock_keeps_two_runs_off_one_room(project) -> None:
     assert not room.lock_file.exists()
     with locked(room):
         assert room.lock_file.read_text().strip() == str(os.getpid())
+
+
+def test_outside_git_env_cannot_redirect_dcaforge(project, monkeypatch) -> None:
+    """GIT_DIR / GIT_INDEX_FILE / GIT_WORK_TREE from a hook or a shell do not leak into dcaforge's git."""
+    decoy = project.tmp / "decoy"
+    decoy.mkdir()
+    subprocess.run(["git", "init", "-q", str(decoy)], check=True)
+    monkeypatch.setenv("GIT_DIR", str(decoy / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(decoy))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(decoy / ".git" / "index"))
+    res = apply(project.config)
+    assert res.baseline and (project.config.room / "src/llama-dca.cpp").is_file()
+    assert sorted(p.name for p in decoy.iterdir()) == [".git"]
+    monkeypatch.delenv("GIT_DIR")
+    monkeypatch.delenv("GIT_WORK_TREE")
+    monkeypatch.delenv("GIT_INDEX_FILE")
+    project.assert_source_untouched()
