@@ -331,7 +331,11 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             if full in outputs:
                 texts[full] = outputs[full][0].decode("utf-8")
             else:
-                texts[full] = tree.read(full).decode("utf-8")
+                try:
+                    texts[full] = tree.read(full).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
+                                      where=manifest.where(edit.line)) from None
         text = texts[full]
         rx = re.compile(edit.anchor)
         found = list(rx.finditer(text))
