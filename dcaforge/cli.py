@@ -161,16 +161,19 @@ def verify(
     file: Annotated[Path | None, typer.Argument(help="patch to verify (default: the feature's patch)")] = None,
     config: ConfigOpt = None,
     fresh_render: Annotated[bool, typer.Option("--fresh-render", help="also require the patch to equal a fresh render of the templates")] = False,
+    gnu: Annotated[bool, typer.Option("--gnu", help="also require GNU patch -p1 --fuzz=0 to give the same files")] = False,
 ) -> None:
     """Round-trip check: forward-apply gives the captured tree, reverse-apply the baseline."""
     from .verify import verify as do_verify
 
     cfg = _config(config)
-    res = _call(lambda: do_verify(cfg, file, fresh_render=fresh_render))
+    res = _call(lambda: do_verify(cfg, file, fresh_render=fresh_render, gnu=gnu))
     out.print(f"ok: {res.patch.name} forward-applies to the {res.expected_from} tree {res.forward_tree[:12]} "
               f"and reverse-applies to the baseline tree {res.reverse_tree[:12]}")
     if res.fresh_render:
         out.print("ok: byte-identical to a fresh render of the templates")
+    if res.gnu_patch:
+        out.print("ok: GNU patch -p1 --fuzz=0 gives the same files")
     for n in res.notes:
         out.print(f"note: {n}")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from .capture import baseline_tree, changed_paths, temp_index, tree_diff, worktr
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
 from .errors import DcaforgeError, MismatchError
-from .git import git, git_out
+from .git import git, git_out, patch_cmd
 from .render import GitTree, load_manifest, plan
 from .series import _series_record, discover
 
@@ -33,6 +35,7 @@ class VerifyResult:
     forward_tree: str
     reverse_tree: str
     fresh_render: bool = False
+    gnu_patch: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -65,7 +68,38 @@ def rendered_tree(cfg: Config, room: Room) -> str:
         return git_out(room.path, "write-tree", env=env)
 
 
-def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False) -> VerifyResult:
+def _verify_gnu(room: Path, patch: Path, base: str, expected: str) -> None:
+    """``patch -p1 --fuzz=0`` on a scratch folder holding only the touched files of the baseline
+    must give exactly the expected files (bytes and exec bits)."""
+    base_tree = GitTree(room, base)
+    want = GitTree(room, expected)
+    paths = changed_paths(room, base, expected)
+    with tempfile.TemporaryDirectory(prefix="dcaforge-gnu-") as tmp:
+        scratch = Path(tmp)
+        for rel in paths:
+            if base_tree.is_file(rel):
+                dest = scratch / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(base_tree.read(rel))
+                os.chmod(dest, base_tree.mode(rel))
+        res = patch_cmd(scratch, patch, dry_run=False)
+        if not res.ok:
+            raise MismatchError(f"{patch.name} does not apply with GNU patch -p1 --fuzz=0",
+                                where=str(patch), details=(res.stdout + res.stderr).strip(),
+                                hint="GNU patch cannot apply binary diffs; keep binary files out of the feature")
+        for rel in paths:
+            got = scratch / rel
+            if want.is_file(rel):
+                ok = got.is_file() and got.read_bytes() == want.read(rel) and \
+                    (0o755 if got.stat().st_mode & 0o111 else 0o644) == want.mode(rel)
+            else:
+                ok = not got.exists()
+            if not ok:
+                raise MismatchError(f"GNU patch -p1 gives a different {rel} than git apply",
+                                    where=f"first differing file: {rel}", hint="dcaforge capture, then verify again")
+
+
+def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False, gnu: bool = False) -> VerifyResult:
     room = Room.of(cfg)
     room.require()
     patch = (file or cfg.feature_patch).resolve()
@@ -118,5 +152,8 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False)
                     f"reverse-applying {patch.name} does not give the baseline back",
                     where=f"first differing file: {_first_difference(room.path, reverse, base)}",
                     details=f"reverse {reverse} != baseline {base}", hint="dcaforge capture, then dcaforge verify")
+        if gnu:
+            _verify_gnu(room.path, patch, base, expected)
         return VerifyResult(patch=patch, baseline_tree=base, expected_tree=expected, expected_from=expected_from,
-                            forward_tree=forward, reverse_tree=reverse, fresh_render=fresh_render, notes=notes)
+                            forward_tree=forward, reverse_tree=reverse, fresh_render=fresh_render, gnu_patch=gnu,
+                            notes=notes)

@@ -191,3 +191,15 @@ def test_llama_cpp_dir_prefixes_paths(project) -> None:
 
 def test_gnu_patch_available() -> None:
     assert subprocess.run(["patch", "--version"], capture_output=True, check=False).returncode == 0
+
+
+def test_verify_gnu_patch(project) -> None:
+    cfg = project.config
+    apply(cfg)
+    capture(cfg)
+    res = verify(cfg, gnu=True)  # text files, an exec-bit new file: GNU patch agrees with git apply
+    assert res.gnu_patch
+    (cfg.room / "data/blob.bin").write_bytes(b"\0\1\2")
+    capture(cfg)
+    with pytest.raises(MismatchError, match="GNU patch"):
+        verify(cfg, gnu=True)
