@@ -39,8 +39,8 @@ def _call(fn: Callable[[], T]) -> T:
         if exc.details:
             for line in exc.details.rstrip().splitlines():
                 err.print(f"    {line}", markup=False)
-        if exc.hint:
-            err.print(f"  [bold]next:[/] {escape(str(exc.hint))}", markup=True)
+        hint = exc.hint or "run it again with `dcaforge -v ...` to see every git/patch command it runs"
+        err.print(f"  [bold]next:[/] {escape(str(hint))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("[bold yellow]interrupted[/]: the clean room is at the last completed step; "

@@ -10,6 +10,7 @@ uncommitted files it left behind (``--include-wip`` copies them into the clean r
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -113,6 +114,13 @@ def prepare_pypi(src: PypiSource) -> BaseSource:
     root = cache_root()
     key = _key(src)
     bare = root / "bases" / f"{key}.git"
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    with open(bare.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs importing the same sdist take turns
+        return _prepare_pypi_locked(src, root, bare)
+
+
+def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path) -> BaseSource:
     if (bare / "dcaforge-import-done").is_file():
         commit = (bare / "dcaforge-import-done").read_text().strip()
         return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
