@@ -27,6 +27,19 @@ step_model() {
     ls -la ~/model
 }
 
+step_build_bg() { # start the build detached, so the model transfers can run meanwhile
+    rm -f ~/llb/build.done ~/llb/build.rc
+    setsid nohup bash -c "OUT=\$HOME/llb/logs bash $PWD/bench/gpu/run.sh build > ~/llb/build-step.log 2>&1; echo \$? > ~/llb/build.rc; touch ~/llb/build.done" \
+        >/dev/null 2>&1 </dev/null &
+    echo "build started in the background"
+}
+
+step_wait_build() {
+    while [ ! -f ~/llb/build.done ]; do sleep 5; done
+    cat ~/llb/build-step.log; cp ~/llb/logs/*.log "$OUT/" 2>/dev/null
+    [ "$(cat ~/llb/build.rc)" = 0 ]
+}
+
 step_build() {
     if [ cleanroom/gpu/tree.tar.gz -nt ~/llb/.unpacked ] || [ ! -d ~/llb/src ]; then
         rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf cleanroom/gpu/tree.tar.gz -C ~/llb/src && touch ~/llb/.unpacked
