@@ -208,6 +208,61 @@ def status(
         out.print(f"{k:<11} {v}", markup=False)
 
 
+
+@app.command()
+def build(
+    config: ConfigOpt = None,
+    cuda: Annotated[bool, typer.Option("--cuda", help="build with CUDA (cmake: GGML_CUDA=ON with the configured "
+                                       "architectures; llamafile: also llamafile/cuda.sh)")] = False,
+    baseline: Annotated[bool, typer.Option("--baseline", help="build the baseline (series applied, no feature) "
+                                           "in its own worktree <workspace>/<name>-baseline")] = False,
+    targets: Annotated[list[str] | None, typer.Option("--targets", "-t", help="targets to build (repeat, or "
+                                                      "space-separated); default: build.*.targets of the config")] = None,
+    jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
+) -> None:
+    """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .build import BuildHooks
+    from .build import Progress as BuildProgress
+    from .build import build as do_build
+
+    cfg = _config(config)
+    tgts = [t for group in (targets or []) for t in group.split()]
+    what = "baseline" if baseline else "clean room"
+    err.print(f"[bold]dcaforge build[/] {what} ({cfg.build.backend}{', cuda' if cuda else ''}) {escape(str(cfg.room))}",
+              markup=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<9}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[item]}", markup=False),
+                   console=err, transient=False, disable=not err.is_terminal)
+    task = bar.add_task("build", total=None, step="", item="")
+
+    def on_step(step: str, argv: tuple[str, ...]) -> None:
+        bar.update(task, step=step, item=" ".join(argv)[-70:], completed=0, total=None)
+        if not err.is_terminal:
+            err.print(f"  {step}: {' '.join(argv)}", markup=False)
+
+    def on_progress(p: BuildProgress) -> None:
+        bar.update(task, completed=p.done, total=p.total, item=p.text[-70:])
+        if not err.is_terminal and (p.done == p.total or p.done % 50 == 0):
+            err.print(f"  [{p.done}/{p.total}] {p.text}", markup=False)
+
+    with bar:
+        res = _call(lambda: do_build(cfg, cuda=cuda, baseline=baseline, targets=tgts or None, jobs=jobs,
+                                     hooks=BuildHooks(on_step=on_step, on_progress=on_progress)))
+    for s in res.steps:
+        if s.skipped:
+            out.print(f"{s.what:<10} up to date")
+        else:
+            prog = f", {s.progress.done}/{s.progress.total} steps" if s.progress else ""
+            out.print(f"{s.what:<10} {s.seconds:.1f} s{prog}")
+    out.print(f"built:     {res.variant} tree {res.tree}")
+    out.print(f"output:    {', '.join(str(o) for o in res.outputs)}")
+    out.print(f"targets:   {' '.join(res.targets) or '(default)'}  -j{res.jobs}  ccache {'on' if res.ccache else 'off'}")
+    out.print(f"log:       {res.log}")
+    out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
+
+
 def main() -> None:
     app()
 

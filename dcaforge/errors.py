@@ -63,3 +63,15 @@ class SafetyError(DcaforgeError):
 
 class LockedError(DcaforgeError):
     """Another dcaforge run holds the clean room."""
+
+
+class ToolchainError(DcaforgeError):
+    """A tool the build needs (cmake, ninja, make, cosmocc, nvcc) is missing; says how to get it."""
+
+
+class BuildError(DcaforgeError):
+    """The build failed: names the first compiler error and the log."""
+
+
+class GateError(DcaforgeError):
+    """A gate could not run (a missing build, model or tool); a gate that runs and fails is a result."""

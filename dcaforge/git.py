@@ -143,14 +143,20 @@ def run_streaming(
 ) -> int:
     """Run a long command (a build) in ``cwd``: stdout and stderr merged, every line appended to
     ``log_file`` and handed to ``on_line``. Returns the exit status (checking is the caller's job:
-    it knows how to read the log). Ctrl-C stops the whole process group, then re-raises."""
+    it knows how to read the log). Ctrl-C stops the whole process group, then re-raises.
+    The user's locale is kept (ccache hashes LANG/LC_*: builds made by hand then share objects)."""
     args = tuple(os.fspath(a) for a in argv)
+    full_env = isolated_env(env)
+    for key in ("LC_ALL", "LANGUAGE"):
+        full_env.pop(key, None)
+        if key in os.environ:
+            full_env[key] = os.environ[key]
     log.debug("run %s (cwd=%s, log=%s)", " ".join(args), cwd, log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(args)}\n# cwd: {cwd}\n")
         fh.flush()
-        proc = subprocess.Popen(args, cwd=os.fspath(cwd), env=isolated_env(env), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(args, cwd=os.fspath(cwd), env=full_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         assert proc.stdout is not None
         try:

@@ -1,0 +1,531 @@
+"""``dcaforge build``: build the clean room (or the baseline, in its own worktree) with the
+configured backend.
+
+- ``cmake`` (upstream llama.cpp): configure once into ``build.cmake.dir`` (``--cuda``:
+  ``build.cmake.cuda_dir`` with ``-DGGML_CUDA=ON`` and the configured architectures), with ccache
+  when installed (``CCACHE_BASEDIR`` = the workspace, so another checkout of the same layout
+  reuses the objects), then the generator (Ninja) builds the targets. A configure runs again
+  only when its arguments change; ninja itself re-runs cmake when a CMakeLists.txt changes.
+- ``llamafile``: the ``make`` llamafile's Makefile drives with its cosmocc toolchain
+  (``.cosmocc/<version>`` in the tree, which dcaforge never downloads), and for ``--cuda``
+  ``llamafile/cuda.sh --clean --output <inside the clean room>`` with the configured flags.
+
+``--baseline`` builds the ``dcaforge/baseline`` tag (series applied, no feature) in a git
+worktree ``<workspace>/<name>-baseline`` next to the clean room; moving it to a new baseline
+checks out only the files that changed, so its build stays incremental too.
+
+Every command's output goes to a log under ``<room>/.git/dcaforge/logs/``; progress is read from
+the ``[n/N]`` (ninja, cosmocc make) or ``[ NN%]`` (cmake's Makefiles) lines; a failure raises
+:class:`~dcaforge.errors.BuildError` with the first compiler error and the log's path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cleanroom import BASELINE_TAG, Room, locked
+from .config import Config
+from .errors import BuildError, DcaforgeError, SafetyError, ToolchainError
+from .git import git, rev_parse, run_streaming
+
+#: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
+#: static libraries (the gates link the logits dumper against libllama.a), no network pieces.
+DEFAULT_DEFINES: tuple[tuple[str, str], ...] = (
+    ("CMAKE_BUILD_TYPE", "Release"),
+    ("BUILD_SHARED_LIBS", "OFF"),
+    ("LLAMA_CURL", "OFF"),
+    ("LLAMA_OPENSSL", "OFF"),
+    ("LLAMA_BUILD_SERVER", "OFF"),
+    ("LLAMA_BUILD_TESTS", "ON"),
+)
+STAMP = "dcaforge-configure.json"
+LOGS_KEPT = 20
+
+# --- reading build output ------------------------------------------------------------------
+
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+_PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    text: str
+
+
+def parse_progress(line: str) -> Progress | None:
+    """``[12/345] Building CXX object ...`` (ninja, cosmocc make) or ``[ 45%] Building ...``
+    (cmake's Makefiles, as 45/100); None for any other line."""
+    m = _NINJA_STATUS.match(line)
+    if m:
+        done, total = int(m.group(1)), int(m.group(2))
+        if 0 <= done <= total and total > 0:
+            return Progress(done, total, m.group(3).strip())
+        return None
+    m = _PERCENT.match(line)
+    if m and int(m.group(1)) <= 100:
+        return Progress(int(m.group(1)), 100, m.group(2).strip())
+    return None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """The first error of a failed build."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    context: tuple[str, ...] = ()  # the lines after it (the compiler's excerpt, CMake's message)
+    target: str | None = None  # ninja's FAILED: line
+
+    def location(self) -> str | None:
+        if self.file is None:
+            return None
+        loc = self.file
+        if self.line is not None:
+            loc += f":{self.line}"
+            if self.column is not None:
+                loc += f":{self.column}"
+        return loc
+
+
+_GCC_ERROR = re.compile(
+    r"^(?P<file>[^\s:][^:]*?):(?P<line>\d+)(?::(?P<col>\d+))?:\s+(?:fatal\s+)?error:\s*(?P<msg>.+)$")
+_NVCC_ERROR = re.compile(
+    r"^(?P<file>[^\s(][^(]*?)\((?P<line>\d+)\):\s+(?:catastrophic\s+)?error:?\s*(?P<msg>.+)$")
+_CMAKE_ERROR = re.compile(r"^CMake Error(?: at (?P<file>[^:]+?):(?P<line>\d+))?(?:\s*\([^)]*\))?:\s*(?P<msg>.*)$")
+_LINK_ERROR = re.compile(r"(?P<msg>undefined reference to .+|multiple definition of .+|"
+                         r"(?:ld|ld\.\w+|lld|collect2)(?:\.exe)?: (?:fatal )?error: .+|cannot find -l\S+)")
+_FAILED = re.compile(r"^FAILED: (?:\[code=\d+\] )?(?P<target>.+)$")
+_MAKE_ERROR = re.compile(r"^g?make(?:\[\d+\])?: \*\*\* (?P<msg>.+)$")
+
+
+def first_error(lines: Iterable[str], *, base: Path | None = None) -> Diagnostic | None:
+    """The first compiler, linker or CMake error in build output (``file:line: message``), else
+    the first failed target or make error; relative paths are made absolute against ``base``."""
+    seq = list(lines)
+    target: str | None = None
+    fallback: Diagnostic | None = None
+    for i, line in enumerate(seq):
+        m = _FAILED.match(line)
+        if m:
+            target = target or m.group("target").strip()
+            continue
+        for rx in (_GCC_ERROR, _NVCC_ERROR):
+            m = rx.match(line)
+            if m:
+                return Diagnostic(message=m.group("msg").strip(), file=_abs(m.group("file"), base),
+                                  line=int(m.group("line")),
+                                  column=int(m.group("col")) if "col" in m.groupdict() and m.group("col") else None,
+                                  context=_context(seq, i + 1, stop_at_blank=False), target=target)
+        m = _CMAKE_ERROR.match(line)
+        if m:
+            ctx = _context(seq, i + 1, stop_at_blank=True, n=8)
+            msg = m.group("msg").strip() or " ".join(c.strip() for c in ctx[:2]) or "CMake Error"
+            return Diagnostic(message=msg, file=_abs(m.group("file"), base) if m.group("file") else None,
+                              line=int(m.group("line")) if m.group("line") else None, context=ctx, target=target)
+        m = _LINK_ERROR.search(line)
+        if m:
+            return Diagnostic(message=m.group("msg").strip(), context=_context(seq, i + 1, stop_at_blank=False, n=3),
+                              target=target)
+        m = _MAKE_ERROR.match(line)
+        if m and fallback is None:
+            fallback = Diagnostic(message=m.group("msg").strip(), target=target)
+    if fallback is not None:
+        return fallback
+    if target is not None:
+        return Diagnostic(message=f"{target} failed", target=target)
+    return None
+
+
+def _abs(path: str, base: Path | None) -> str:
+    p = Path(path)
+    if base is not None and not p.is_absolute():
+        return os.path.normpath(base / p)
+    return path
+
+
+def _context(seq: list[str], start: int, *, stop_at_blank: bool, n: int = 4) -> tuple[str, ...]:
+    out: list[str] = []
+    for line in seq[start:start + n]:
+        if stop_at_blank and not line.strip() and out:
+            break
+        if _FAILED.match(line) or _NINJA_STATUS.match(line) or _GCC_ERROR.match(line):
+            break
+        out.append(line)
+    return tuple(out)
+
+
+# --- toolchains ----------------------------------------------------------------------------
+
+def _which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def require_tool(name: str, how: str, *, path: str | None = None) -> str:
+    """The path of ``name`` (or ``path`` when given and executable); a ToolchainError otherwise."""
+    if path is not None:
+        found = path if os.access(path, os.X_OK) and not os.path.isdir(path) else _which(path)
+    else:
+        found = _which(name)
+    if not found:
+        raise ToolchainError(f"{path or name} is not installed (or not on PATH); the build needs it",
+                             hint=how)
+    return found
+
+
+HOW = {
+    "cmake": "install CMake >= 3.14: `apt-get install cmake` or `pip install cmake`",
+    "ninja": "install Ninja: `apt-get install ninja-build` or `pip install ninja` "
+             "(or set build.cmake.generator: 'Unix Makefiles' in the config)",
+    "make": "install GNU make: `apt-get install make`",
+    "nvcc": "install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) and put its bin/ on PATH, "
+            "or point CUDACXX at nvcc; or build without --cuda",
+}
+
+
+def find_nvcc() -> str:
+    env = os.environ.get("CUDACXX")
+    for cand in (env, _which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise ToolchainError("nvcc (the CUDA compiler) is not installed; --cuda needs it", hint=HOW["nvcc"])
+
+
+_COSMOCC_LINE = re.compile(r"^COSMOCC\s*[:?]?=\s*(\S+)\s*$", re.MULTILINE)
+
+
+def cosmocc_dir(tree: Path) -> Path:
+    """The cosmocc folder llamafile's build/config.mk names (``.cosmocc/<version>``), which must
+    already hold bin/cosmocc: dcaforge never downloads it."""
+    mk = tree / "build" / "config.mk"
+    if not mk.is_file():
+        raise DcaforgeError(f"{tree} has no build/config.mk: not a llamafile tree", where=str(mk),
+                            hint="set build.backend: cmake for upstream llama.cpp")
+    m = _COSMOCC_LINE.search(mk.read_text(encoding="utf-8", errors="replace"))
+    rel = m.group(1) if m else ".cosmocc"
+    folder = tree / rel
+    if not (folder / "bin" / "cosmocc").exists():
+        raise ToolchainError(
+            f"cosmocc is not in the tree: {folder}/bin/cosmocc is missing (llamafile's Makefile would "
+            "download it; dcaforge does not do that behind your back)",
+            where=str(mk),
+            hint=f"fetch it yourself: `cd {tree} && build/download-cosmocc.sh {rel} <version> <sha256>` "
+                 f"(the values are in llamafile's Makefile), or unzip cosmocc.zip from https://cosmo.zip/pub/cosmocc/ "
+                 f"into {folder}; then run `dcaforge build` again")
+    return folder
+
+
+# --- where to build ------------------------------------------------------------------------
+
+def baseline_path(cfg: Config) -> Path:
+    return cfg.workspace / f"{cfg.name}-baseline"
+
+
+def _worktree_gitdir(wt: Path) -> Path | None:
+    """The gitdir a worktree's ``.git`` file points to, or None when it is not such a file."""
+    dotgit = wt / ".git"
+    if not dotgit.is_file():
+        return None
+    text = dotgit.read_text(errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return None
+    return Path(text.split(":", 1)[1].strip())
+
+
+def ensure_baseline_worktree(cfg: Config, room: Room, keep: Sequence[str] = ()) -> Path:
+    """``<workspace>/<name>-baseline``: a detached worktree of the room at the baseline tag.
+    A worktree at an older baseline is checked out forward (only changed files are written); one
+    whose room was re-made is re-added, its build folders (``keep``) moved over."""
+    rev = rev_parse(room.path, BASELINE_TAG)
+    if rev is None:
+        raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
+                            where=str(room.path), hint="dcaforge apply")
+    wt = baseline_path(cfg)
+    if wt.exists():
+        gitdir = _worktree_gitdir(wt)
+        ours = gitdir is not None and (room.path / ".git" / "worktrees") in gitdir.parents
+        if not ours:
+            if any(wt.iterdir()):
+                raise SafetyError(f"{wt} exists and is not a worktree of the clean room; refusing to touch it",
+                                  where=str(wt), hint="move that folder away, or choose another 'name:'")
+            wt.rmdir()
+        elif gitdir is not None and gitdir.is_dir():
+            head = rev_parse(wt, "HEAD")
+            if head != rev:
+                git(wt, "checkout", "-q", "--detach", "--force", rev)
+                git(wt, "clean", "-q", "-fd")
+            return wt
+        else:  # the room was made again: its worktree record is gone
+            parked = room.workspace / f".{wt.name}.parked"
+            if parked.exists():
+                shutil.rmtree(parked)
+            parked.mkdir()
+            for rel in keep:
+                if (wt / rel).is_dir():
+                    (parked / rel).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(wt / rel, parked / rel)
+            shutil.rmtree(wt)
+            git(room.path, "worktree", "prune")
+            git(room.path, "worktree", "add", "-q", "--detach", wt, rev)
+            for rel in keep:
+                if (parked / rel).is_dir():
+                    (wt / rel).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(parked / rel, wt / rel)
+            shutil.rmtree(parked)
+            return wt
+    git(room.path, "worktree", "prune")
+    git(room.path, "worktree", "add", "-q", "--detach", wt, rev)
+    return wt
+
+
+def _exclude(room: Room, tree: Path, rel: str, *, folder: bool = True) -> None:
+    """Keep a build output inside the tree out of ``capture``: add it to the room's
+    ``.git/info/exclude`` (shared by its worktrees) unless git already ignores it."""
+    probe = rel.rstrip("/") + ("/" if folder else "")
+    if git(tree, "check-ignore", "-q", "--no-index", probe, check=False).returncode == 0:
+        return
+    info = room.path / ".git" / "info" / "exclude"
+    info.parent.mkdir(parents=True, exist_ok=True)
+    line = "/" + probe
+    text = info.read_text() if info.exists() else ""
+    if line not in text.splitlines():
+        with open(info, "a", encoding="utf-8") as fh:
+            fh.write(("\n" if text and not text.endswith("\n") else "") + line + "\n")
+
+
+# --- the build -----------------------------------------------------------------------------
+
+@dataclass
+class BuildHooks:
+    """Callbacks the CLI uses for live progress."""
+
+    on_step: Callable[[str, tuple[str, ...]], None] | None = None  # (what, argv) before each command
+    on_progress: Callable[[Progress], None] | None = None
+    on_line: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    what: str
+    argv: tuple[str, ...]
+    seconds: float
+    progress: Progress | None  # the last [n/N] seen
+    skipped: bool = False  # a configure that was up to date
+
+
+@dataclass
+class BuildResult:
+    backend: str
+    variant: str  # "feature" (the clean room) or "baseline"
+    tree: Path  # the clean room or the baseline worktree
+    source: Path  # where CMakeLists.txt / the Makefile is
+    build_dir: Path
+    cuda: bool
+    targets: tuple[str, ...]
+    jobs: int
+    log: Path
+    ccache: bool
+    seconds: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)
+
+    @property
+    def compiled(self) -> int:
+        """Edges ninja/make ran in the build step(s) (0: everything was up to date)."""
+        return sum(s.progress.done for s in self.steps if s.progress and s.what != "configure")
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.build_dir / "bin"
+
+
+def _log_path(room: Room, variant: str, cuda: bool) -> Path:
+    logs = room.meta / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    prefix = f"build-{variant}{'-cuda' if cuda else ''}"
+    old = sorted(logs.glob(f"{prefix}-*.log"))
+    for p in old[:-(LOGS_KEPT - 1)] if len(old) >= LOGS_KEPT else []:
+        p.unlink()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    path = logs / f"{prefix}-{stamp}.log"
+    n = 1
+    while path.exists():
+        n += 1
+        path = logs / f"{prefix}-{stamp}-{n}.log"
+    return path
+
+
+class _Runner:
+    def __init__(self, log: Path, hooks: BuildHooks, env: dict[str, str]) -> None:
+        self.log, self.hooks, self.env = log, hooks, env
+        self.steps: list[Step] = []
+
+    def __call__(self, what: str, argv: Sequence[str | os.PathLike[str]], cwd: Path, *, diag_base: Path) -> Step:
+        args = tuple(os.fspath(a) for a in argv)
+        if self.hooks.on_step:
+            self.hooks.on_step(what, args)
+        last: list[Progress] = []
+        start_at = self.log.stat().st_size if self.log.exists() else 0
+
+        def on_line(line: str) -> None:
+            p = parse_progress(line)
+            if p is not None:
+                last[:] = [p]
+                if self.hooks.on_progress:
+                    self.hooks.on_progress(p)
+            if self.hooks.on_line:
+                self.hooks.on_line(line)
+
+        t0 = time.monotonic()
+        rc = run_streaming(args, cwd, log_file=self.log, on_line=on_line, env=self.env)
+        step = Step(what=what, argv=args, seconds=time.monotonic() - t0, progress=last[0] if last else None)
+        self.steps.append(step)
+        if rc != 0:
+            with open(self.log, encoding="utf-8", errors="replace") as fh:
+                fh.seek(start_at)
+                lines = fh.read().splitlines()
+            d = first_error(lines, base=diag_base)
+            details = []
+            if d is not None:
+                if d.target:
+                    details.append(f"target: {d.target}")
+                details.append(f"{d.location() or '(no file)'}: error: {d.message}")
+                details.extend(d.context)
+            else:
+                details.extend(lines[-15:])
+            raise BuildError(f"{what} failed (exit {rc})" + (f" at {d.location()}" if d and d.location() else ""),
+                             where=f"log: {self.log}", details="\n".join(details),
+                             hint=f"fix it (the full output is in {self.log}), then run the same `dcaforge build` again: "
+                                  "only what changed is rebuilt")
+        return step
+
+    def skipped(self, what: str, argv: Sequence[str]) -> None:
+        self.steps.append(Step(what=what, argv=tuple(argv), seconds=0.0, progress=None, skipped=True))
+
+
+def build(cfg: Config, *, cuda: bool = False, baseline: bool = False, targets: Sequence[str] | None = None,
+          jobs: int | None = None, hooks: BuildHooks | None = None) -> BuildResult:
+    """``dcaforge build``."""
+    hooks = hooks or BuildHooks()
+    room = Room.of(cfg)
+    room.require()
+    bc = cfg.build
+    njobs = jobs or bc.jobs or os.cpu_count() or 1
+    t0 = time.monotonic()
+    with locked(room):
+        if rev_parse(room.path, BASELINE_TAG) is None:
+            raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
+                                where=str(room.path), hint="dcaforge apply (or apply --continue)")
+        keep: tuple[str, ...] = (bc.cmake.dir, bc.cmake.cuda_dir) if bc.backend == "cmake" else ("o",)
+        tree = ensure_baseline_worktree(cfg, room, keep) if baseline else room.path
+        variant = "baseline" if baseline else "feature"
+        log = _log_path(room, variant, cuda)
+        use_ccache = bc.ccache and _which("ccache") is not None
+        env = {"CCACHE_BASEDIR": str(cfg.workspace)} if use_ccache else {}
+        runner = _Runner(log, hooks, env)
+        if bc.backend == "cmake":
+            res = _build_cmake(cfg, room, tree, variant, cuda, targets, njobs, log, use_ccache, runner)
+        else:
+            res = _build_llamafile(cfg, room, tree, variant, cuda, targets, njobs, log, use_ccache, runner)
+    res.steps = runner.steps
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bool, ccache: bool,
+                         nvcc: str | None = None) -> list[str]:
+    """The cmake configure command line (defaults, then the config's defines, then CUDA)."""
+    c = cfg.build.cmake
+    defines = dict(DEFAULT_DEFINES)
+    defines["GGML_CCACHE"] = "ON" if ccache else "OFF"
+    defines.update(dict(c.defines))
+    if cuda:
+        defines["GGML_CUDA"] = "ON"
+        defines["CMAKE_CUDA_ARCHITECTURES"] = c.cuda_architectures
+        if nvcc:
+            defines.setdefault("CMAKE_CUDA_COMPILER", nvcc)
+    return ["cmake", "-S", str(source), "-B", str(build_dir), "-G", c.generator,
+            *[f"-D{k}={v}" for k, v in defines.items()]]
+
+
+def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, targets: Sequence[str] | None,
+                 jobs: int, log: Path, ccache: bool, runner: _Runner) -> BuildResult:
+    c = cfg.build.cmake
+    cmake = require_tool("cmake", HOW["cmake"])
+    gen = c.generator.lower()
+    if gen == "ninja":
+        tool = require_tool("ninja", HOW["ninja"])
+    elif "makefiles" in gen:
+        tool = require_tool("make", HOW["make"])
+    else:
+        tool = ""
+    nvcc = find_nvcc() if cuda else None
+    source = tree / cfg.llama_cpp_dir
+    if not (source / "CMakeLists.txt").is_file():
+        raise DcaforgeError(f"no CMakeLists.txt in {source}", where=str(source),
+                            hint="check 'llama_cpp_dir:' in the config, or use build.backend: llamafile")
+    rel_dir = c.cuda_dir if cuda else c.dir
+    build_dir = tree / rel_dir
+    _exclude(room, tree, rel_dir)
+    tgts = tuple(targets) if targets else c.targets
+    res = BuildResult(backend="cmake", variant=variant, tree=tree, source=source, build_dir=build_dir, cuda=cuda,
+                      targets=tgts, jobs=jobs, log=log, ccache=ccache)
+
+    args = cmake_configure_args(cfg, source, build_dir, cuda=cuda, ccache=ccache, nvcc=nvcc)
+    args[0] = cmake
+    stamp = build_dir / STAMP
+    generated = (build_dir / "build.ninja").exists() if gen == "ninja" else (build_dir / "CMakeCache.txt").exists()
+    want = json.dumps({"argv": args[1:]}, sort_keys=True)
+    if generated and stamp.is_file() and stamp.read_text() == want:
+        runner.skipped("configure", args)
+    else:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        runner("configure", args, tree, diag_base=source)
+        stamp.write_text(want)
+    if gen == "ninja":
+        argv = [tool, "-C", str(build_dir), f"-j{jobs}", *tgts]
+    else:
+        argv = [cmake, "--build", str(build_dir), "-j", str(jobs), *([a for t in tgts for a in ("--target", t)])]
+    runner("build", argv, tree, diag_base=build_dir)
+    res.outputs = [build_dir / "bin"]
+    return res
+
+
+def _build_llamafile(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, targets: Sequence[str] | None,
+                     jobs: int, log: Path, ccache: bool, runner: _Runner) -> BuildResult:
+    lf = cfg.build.llamafile
+    cosmo = cosmocc_dir(tree)
+    make = lf.make
+    if make is None:
+        make = str(cosmo / "bin" / "make") if (cosmo / "bin" / "make").exists() else "make"
+    make = require_tool("make", HOW["make"], path=make)
+    nvcc = find_nvcc() if cuda else None
+    _exclude(room, tree, "o")
+    tgts = tuple(targets) if targets else lf.targets
+    res = BuildResult(backend="llamafile", variant=variant, tree=tree, source=tree, build_dir=tree / "o", cuda=cuda,
+                      targets=tgts, jobs=jobs, log=log, ccache=ccache)
+    runner("make", [make, f"-j{jobs}", *tgts], tree, diag_base=tree)
+    res.outputs = [tree / "o"]
+    if cuda:
+        script = tree / "llamafile" / "cuda.sh"
+        if not script.is_file():
+            raise DcaforgeError(f"{script} does not exist: this llamafile tree has no cuda.sh", where=str(script))
+        output = tree / lf.cuda_output
+        _exclude(room, tree, lf.cuda_output, folder=False)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        argv = [str(script)] if os.access(script, os.X_OK) else ["sh", str(script)]
+        env_path = os.path.dirname(nvcc or "")
+        runner.env = {**runner.env, "PATH": f"{env_path}:{os.environ.get('PATH', '')}"} if env_path else runner.env
+        runner("cuda.sh", [*argv, "--clean", "--output", str(output), *lf.cuda_flags], tree, diag_base=tree)
+        res.outputs.append(output)
+    return res
