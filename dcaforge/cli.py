@@ -263,6 +263,49 @@ def build(
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
 
 
+
+@app.command()
+def gate(
+    config: ConfigOpt = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="run only this gate (repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+) -> None:
+    """Run the acceptance gates of the config on the builds; exit 1 when one fails."""
+    from .gate import GateHooks, run_gates
+
+    cfg = _config(config)
+    hooks = GateHooks(on_gate=lambda g: err.print(f"[bold]gate[/] {escape(g.name)} ({g.kind})", markup=True),
+                      on_step=lambda s: err.print(f"  {s}", markup=False))
+    rep = _call(lambda: run_gates(cfg, only=only or (), hooks=hooks))
+    if as_json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
+    else:
+        table = Table(title="gates")
+        for col in ("gate", "kind", "result", "seconds", "details"):
+            table.add_column(col)
+        for r in rep.results:
+            table.add_row(r.name, r.kind, Text("PASS" if r.passed else "FAIL", style="green" if r.passed else "bold red"),
+                          f"{r.seconds:.0f}", r.summary)
+        out.print(table)
+        for r in rep.results:
+            if r.points:
+                pts = Table(title=f"{r.name}: plain vs DCA")
+                for col in ("context", "ppl plain", "ppl DCA", "passkey plain", "passkey DCA"):
+                    pts.add_column(col, justify="right")
+                for p in r.points:
+                    def f(v: Any, pct: bool = False) -> str:
+                        return "-" if v is None else (f"{v:.0%}" if pct else f"{v:.4g}")
+                    pts.add_row(str(p["ctx"]), f(p.get("ppl_plain")), f(p.get("ppl_dca")),
+                                f(p.get("passkey_plain"), True), f(p.get("passkey_dca"), True))
+                out.print(pts)
+        out.print(f"results: {rep.json_path}")
+        if rep.plot_path:
+            out.print(f"plot:    {rep.plot_path}")
+    if not rep.passed:
+        err.print(f"gate failed: {', '.join(r.name for r in rep.results if not r.passed)}", style="red")
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,497 @@
+"""``dcaforge gate``: the acceptance gates declared in the config (``gates:``), run on the builds
+``dcaforge build`` made (the clean room's and, for ``off-identity``, the baseline's).
+
+- ``off-identity``: with ``--dca off`` the patched build's logits are byte-identical to the
+  baseline build's (so greedy output is too), flash attention on and off. The logits come from
+  ``tests/cpp/dca_logits.cpp`` compiled against each build (``tests/models/build_logits.py``).
+- ``noop-below-chunk``: with every position below ``c = chunk - local``, DCA on equals DCA off
+  within ``tolerance`` (max |a-b| / max |b| per position).
+- ``extension``: ``llama-perplexity`` and ``llama-passkey`` past the trained context, plain rope
+  against DCA: DCA's perplexity at every longer context stays within ``ppl_ratio_max`` of plain's
+  at the trained context; optionally plain's at the longest is at least ``plain_ratio_min`` times
+  worse (the test is meaningful); DCA's passkey accuracy past the trained context is at least
+  ``passkey_min``.
+
+A model is a GGUF file (``model:``) or a recipe (``recipe: tiny:<arch>[:<variant>]``, the tiny
+random-weight models of ``tests/models/tiny.py``). Results, logs, models and the plot go to
+``<workspace>/<name>-gates/``: ``results.json`` and ``gates.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .build import baseline_path
+from .cleanroom import Room, write_atomic
+from .config import Config, GateConfig
+from .errors import GateError
+from .git import run
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "off-identity": {"n_tokens": 400, "flash_attn": [True, False], "threads": 2},
+    "noop-below-chunk": {"chunk": 192, "local": 32, "tolerance": 1e-3, "flash_attn": [True, False], "threads": 2},
+    "extension": {"chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "ppl_ratio_max": 1.15,
+                  "passkey_trials": 3, "threads": 2},
+}
+
+
+@dataclass
+class GateResult:
+    name: str
+    kind: str
+    passed: bool
+    summary: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)  # extension: one row per context
+    seconds: float = 0.0
+
+
+@dataclass
+class GateReport:
+    results: list[GateResult]
+    out_dir: Path
+    json_path: Path
+    plot_path: Path | None
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "gates": [asdict(r) for r in self.results],
+                "plot": str(self.plot_path) if self.plot_path else None}
+
+
+@dataclass
+class GateHooks:
+    on_gate: Callable[[GateConfig], None] | None = None
+    on_step: Callable[[str], None] | None = None
+
+
+# --- small readers ---------------------------------------------------------------------------
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path: Path, keys: Sequence[str] = ()) -> dict[str, Any]:
+    """The scalar and string key/values of a GGUF file's header (arrays skipped), or only ``keys``."""
+    want = set(keys)
+    out: dict[str, Any] = {}
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise GateError(f"{path} is not a GGUF file", where=str(path))
+        version, _n_tensors, n_kv = struct.unpack("<IQQ", fh.read(20))
+        if version < 2:
+            raise GateError(f"{path}: GGUF version {version} is too old", where=str(path))
+
+        def rstr() -> str:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            return fh.read(n).decode("utf-8", "replace")
+
+        def rval(t: int) -> Any:
+            if t in _GGUF_SCALARS:
+                fmt = _GGUF_SCALARS[t]
+                return struct.unpack(fmt, fh.read(struct.calcsize(fmt)))[0]
+            if t == 8:
+                return rstr()
+            if t == 9:
+                (et,) = struct.unpack("<I", fh.read(4))
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if et in _GGUF_SCALARS:
+                    fh.seek(struct.calcsize(_GGUF_SCALARS[et]) * n, os.SEEK_CUR)
+                else:
+                    for _ in range(n):
+                        rval(et)
+                return None
+            raise GateError(f"{path}: unknown GGUF value type {t}", where=str(path))
+
+        for _ in range(n_kv):
+            key = rstr()
+            (t,) = struct.unpack("<I", fh.read(4))
+            value = rval(t)
+            if value is not None and (not want or key in want):
+                out[key] = value
+    return out
+
+
+_PPL = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")
+_PASSKEY = re.compile(r"passkey = (\d+)")
+_SUFFIX = "What is the pass key? The pass key is"
+_PROMPT_TOKENS = re.compile(r"prompt tokens: (\d+)")
+_PREFIX_TOKENS = re.compile(r"prefix tokens: (\d+)")
+
+
+def parse_perplexity(text: str) -> float | None:
+    """``Final estimate: PPL = 12.3456 +/- ...`` of llama-perplexity."""
+    m = _PPL.search(text)
+    return float(m.group(1)) if m else None
+
+
+def parse_passkey(text: str) -> tuple[int | None, int | None]:
+    """(the passkey hidden, the first number answered after the question) from llama-passkey."""
+    m = _PASSKEY.search(text)
+    key = int(m.group(1)) if m else None
+    i = text.rfind(_SUFFIX)
+    answer = None
+    if i >= 0:
+        a = re.search(r"\d+", text[i + len(_SUFFIX):i + len(_SUFFIX) + 200])
+        answer = int(a.group(0)) if a else None
+    return key, answer
+
+
+# --- running ---------------------------------------------------------------------------------
+
+class _Ctx:
+    """What the gates share: folders, builds, the log of every command."""
+
+    def __init__(self, cfg: Config, hooks: GateHooks) -> None:
+        self.cfg, self.hooks = cfg, hooks
+        self.out = cfg.workspace / f"{cfg.name}-gates"
+        self.logs = self.out / "logs"
+        self.models = self.out / "models"
+        if self.logs.is_dir():  # this run's logs only
+            for old in self.logs.glob("*.log"):
+                old.unlink()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.room = Room.of(cfg)
+        self.feature_tree = self.room.path
+        self.feature_build = self.room.path / cfg.build.cmake.dir
+        self.base_tree = baseline_path(cfg)
+        self.base_build = self.base_tree / cfg.build.cmake.dir
+        self.n = 0
+        self.m = 0
+
+    def step(self, msg: str) -> None:
+        if self.hooks.on_step:
+            self.hooks.on_step(msg)
+
+    def run(self, argv: Sequence[str | os.PathLike[str]], what: str, *, check: bool = True) -> str:
+        self.n += 1
+        args = [os.fspath(a) for a in argv]
+        res = run(args, self.cfg.root, check=False)
+        text = res.stdout + res.stderr
+        log = self.logs / f"{self.n:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', what)[:60]}.log"
+        log.write_text(f"$ {' '.join(args)}\n# exit {res.returncode}\n{text}")
+        if check and not res.ok:
+            tail = "\n".join(text.strip().splitlines()[-12:])
+            raise GateError(f"{what} failed (exit {res.returncode})", where=f"log: {log}", details=tail)
+        return text
+
+    def binary(self, build: Path, name: str, variant: str) -> Path:
+        exe = build / "bin" / name
+        if not exe.is_file():
+            flag = " --baseline" if variant == "baseline" else ""
+            raise GateError(f"{exe} is missing: the {variant} build has no {name}", where=str(build),
+                            hint=f'dcaforge build{flag} --targets "llama llama-perplexity llama-passkey"')
+        return exe
+
+    def dumper(self, variant: str) -> Path:
+        tree, build = ((self.feature_tree, self.feature_build) if variant == "feature"
+                       else (self.base_tree, self.base_build))
+        if not (build / "src" / "libllama.a").exists() and not list(build.glob("**/libllama.a")):
+            flag = " --baseline" if variant == "baseline" else ""
+            raise GateError(f"no libllama.a in the {variant} build {build}", where=str(build),
+                            hint=f"dcaforge build{flag} --targets llama (static libraries: BUILD_SHARED_LIBS=OFF)")
+        self.step(f"compile dca_logits against the {variant} build")
+        text = self.run([sys.executable, "-m", "tests.models.build_logits", tree, build,
+                         "--dca" if variant == "feature" else "--no-dca"], f"dca_logits-{variant}")
+        return Path(text.strip().splitlines()[-1])
+
+    def model(self, g: GateConfig) -> Path:
+        if g.model is not None:
+            if not g.model.is_file():
+                raise GateError(f"gate {g.name!r}: model {g.model} does not exist", where=g.where)
+            return g.model
+        assert g.recipe is not None
+        _, arch, *rest = g.recipe.split(":")
+        variant = rest[0] if rest else "normal"
+        self.models.mkdir(parents=True, exist_ok=True)
+        path = self.models / (f"tiny-{arch}.gguf" if variant == "normal" else f"tiny-{arch}-{variant}.gguf")
+        if not path.is_file():
+            self.step(f"write the tiny model {g.recipe}")
+            self.run([sys.executable, "-m", "tests.models.tiny", self.models, "--arch", arch, "--variant", variant],
+                     f"model-{arch}-{variant}")
+        if not path.is_file():
+            raise GateError(f"the recipe {g.recipe} did not write {path}", where=g.where)
+        return path
+
+    def logits(self, exe: Path, model: Path, n_tokens: int, fa: bool, threads: int, dca: str | None,
+               chunk: int = 0, local: int = 0) -> tuple[bytes, int]:
+        """(raw f32 logits, n_vocab) from dca_logits."""
+        self.m += 1
+        out = self.out / "logits" / f"{self.m:03d}.f32"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        argv: list[str | os.PathLike[str]] = [exe, "-m", model, "-o", out, "--seed", "7", "--n-tokens", str(n_tokens),
+                                              "-c", str(n_tokens), "-b", str(n_tokens), "-ub", "64",
+                                              "-fa", "on" if fa else "off", "-t", str(threads)]
+        if dca is not None:
+            argv += ["--dca", dca]
+            if dca == "on":
+                argv += ["--dca-chunk-size", str(chunk), "--dca-local-size", str(local)]
+        text = self.run(argv, f"logits-{exe.name[:20]}-{dca}-fa{int(fa)}")
+        info: dict[str, Any] = next((json.loads(line) for line in text.splitlines() if line.startswith('{"n_tokens"')), {})
+        data = out.read_bytes()
+        out.unlink()
+        return data, int(info.get("n_vocab") or len(data) // 4 // n_tokens)
+
+
+def _floats(data: bytes) -> list[float]:
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def _rel_err_per_row(a: bytes, b: bytes, n_vocab: int) -> list[float]:
+    fa, fb = _floats(a), _floats(b)
+    out = []
+    for i in range(0, len(fa), n_vocab):
+        ra, rb = fa[i:i + n_vocab], fb[i:i + n_vocab]
+        denom = max(max(abs(x) for x in rb), 1e-30)
+        out.append(max(abs(x - y) for x, y in zip(ra, rb, strict=True)) / denom)
+    return out
+
+
+def _opt(g: GateConfig, key: str) -> Any:
+    return g.options.get(key, DEFAULTS[g.kind].get(key))
+
+
+def gate_off_identity(c: _Ctx, g: GateConfig) -> GateResult:
+    model = c.model(g)
+    patched, base = c.dumper("feature"), c.dumper("baseline")
+    n, threads = int(_opt(g, "n_tokens")), int(_opt(g, "threads"))
+    metrics: dict[str, Any] = {"n_tokens": n}
+    ok = True
+    for fa in _opt(g, "flash_attn"):
+        c.step(f"{g.name}: logits, fa {'on' if fa else 'off'}: patched --dca off vs baseline")
+        a, _ = c.logits(patched, model, n, bool(fa), threads, "off")
+        b, _ = c.logits(base, model, n, bool(fa), threads, None)
+        same = a == b
+        key = f"fa_{'on' if fa else 'off'}"
+        metrics[key] = {"identical": same, "bytes": len(a)}
+        if not same:
+            ok = False
+            if len(a) == len(b):
+                fa_, fb_ = _floats(a), _floats(b)
+                metrics[key]["max_abs_diff"] = max(abs(x - y) for x, y in zip(fa_, fb_, strict=True))
+    summary = "byte-identical logits" if ok else "logits differ from the baseline build"
+    return GateResult(g.name, g.kind, ok, summary + f" ({n} tokens, fa {'/'.join('on' if f else 'off' for f in _opt(g, 'flash_attn'))})",
+                      metrics)
+
+
+def gate_noop(c: _Ctx, g: GateConfig) -> GateResult:
+    model = c.model(g)
+    chunk, local = int(_opt(g, "chunk")), int(_opt(g, "local"))
+    cmax = chunk - local
+    n = int(g.options.get("n_tokens", cmax))
+    if n > cmax:
+        raise GateError(f"gate {g.name!r}: n_tokens {n} is not below c = chunk - local = {cmax}", where=g.where)
+    tol, threads = float(_opt(g, "tolerance")), int(_opt(g, "threads"))
+    exe = c.dumper("feature")
+    metrics: dict[str, Any] = {"n_tokens": n, "chunk": chunk, "local": local, "tolerance": tol}
+    ok = True
+    worst = 0.0
+    for fa in _opt(g, "flash_attn"):
+        c.step(f"{g.name}: logits, fa {'on' if fa else 'off'}: DCA on vs off, {n} tokens < c = {cmax}")
+        on, vocab = c.logits(exe, model, n, bool(fa), threads, "on", chunk, local)
+        off, _ = c.logits(exe, model, n, bool(fa), threads, "off")
+        err = max(_rel_err_per_row(on, off, vocab))
+        metrics[f"fa_{'on' if fa else 'off'}"] = {"max_rel_err": err}
+        worst = max(worst, err)
+        ok = ok and err <= tol and not math.isnan(err)
+    return GateResult(g.name, g.kind, ok, f"max rel err {worst:.3g} (tolerance {tol:g}) below c = {cmax}", metrics)
+
+
+def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
+    model = c.model(g)
+    text = g.options.get("text")
+    if text is None or not Path(text).is_file():
+        raise GateError(f"gate {g.name!r} needs 'text:', an existing text file for llama-perplexity", where=g.where)
+    meta = gguf_metadata(model)
+    arch = str(meta.get("general.architecture", ""))
+    trained = int(g.options.get("trained") or meta.get(f"{arch}.context_length", 0))
+    if trained <= 0:
+        raise GateError(f"gate {g.name!r}: the model has no {arch}.context_length; set 'trained:'", where=g.where)
+    contexts = sorted({int(x) for x in g.options.get("contexts", [trained, 2 * trained, 4 * trained, 8 * trained])})
+    if trained not in contexts:
+        contexts.insert(0, trained)
+    threads = int(_opt(g, "threads"))
+    chunk, local = int(_opt(g, "chunk")), int(_opt(g, "local"))
+    dca = ["--dca", "on", "--dca-chunk-size", str(chunk), "--dca-local-size", str(local), *map(str, _opt(g, "dca_args"))]
+    extra = [str(a) for a in _opt(g, "extra_args")]
+    ppl_exe = c.binary(c.feature_build, "llama-perplexity", "feature")
+    pk_exe = c.binary(c.feature_build, "llama-passkey", "feature")
+    trials = int(_opt(g, "passkey_trials"))
+
+    def ppl(ctx: int, with_dca: bool) -> float | None:
+        c.step(f"{g.name}: perplexity {'DCA' if with_dca else 'plain'} at {ctx}")
+        argv: list[str | os.PathLike[str]] = [ppl_exe, "-m", model, "-f", text, "-c", str(ctx), "-b", str(min(ctx, 2048)), "--chunks", "1",
+                "-t", str(threads), *extra, *(dca if with_dca else [])]
+        out = c.run(argv, f"ppl-{'dca' if with_dca else 'plain'}-{ctx}", check=False)
+        return parse_perplexity(out)
+
+    per_junk, prefix = 0.0, 0
+    if trials > 0:
+        # how many tokens a junk sentence takes: 5 junk + the passkey sentence, in a context made big enough
+        c.step(f"{g.name}: passkey calibration")
+        out = c.run([pk_exe, "-m", model, "--junk", "5", "--pos", "0", "-t", str(threads), *extra,
+                     "--override-kv", f"{arch}.context_length=int:{max(trained, 8192)}"], "passkey-calibrate")
+        pt, pf = _PROMPT_TOKENS.search(out), _PREFIX_TOKENS.search(out)
+        if not pt or not pf:
+            raise GateError("llama-passkey did not print its prompt size", where=str(c.logs))
+        prefix = int(pf.group(1))
+        per_junk = (int(pt.group(1)) - prefix) / 6.0
+
+    def passkey(ctx: int, with_dca: bool) -> float | None:
+        junk = int((ctx - prefix - 40) / per_junk) - 1
+        if junk < 2:
+            return None  # the prompt alone does not fit this context
+        hits = 0
+        for k in range(trials):
+            pos = int((k + 0.5) * junk / trials)
+            c.step(f"{g.name}: passkey {'DCA' if with_dca else 'plain'} at {ctx} (pos {pos}/{junk})")
+            argv: list[str | os.PathLike[str]] = [pk_exe, "-m", model, "--junk", str(junk), "--pos", str(pos), "-t", str(threads), *extra]
+            if with_dca:
+                argv += [*dca, "-c", str(ctx + 64)]
+            elif ctx > trained:
+                argv += ["--override-kv", f"{arch}.context_length=int:{ctx + 64}"]
+            key, answer = parse_passkey(c.run(argv, f"passkey-{'dca' if with_dca else 'plain'}-{ctx}-{k}", check=False))
+            hits += int(key is not None and key == answer)
+        return hits / trials
+
+    points = []
+    for ctx in contexts:
+        row: dict[str, Any] = {"ctx": ctx, "ppl_plain": ppl(ctx, False), "ppl_dca": ppl(ctx, True)}
+        if trials > 0:
+            row["passkey_plain"] = passkey(ctx, False)
+            row["passkey_dca"] = passkey(ctx, True)
+        points.append(row)
+
+    base = points[contexts.index(trained)]["ppl_plain"]
+    if base is None:
+        raise GateError(f"gate {g.name!r}: llama-perplexity gave no result at the trained context {trained}",
+                        where=str(c.logs), hint="is the text long enough (2 x the context in tokens)?")
+    ratio_max = float(_opt(g, "ppl_ratio_max"))
+    checks: list[str] = []
+    ok = True
+    longer = [p for p in points if p["ctx"] > trained]
+    for p in longer:
+        v = p["ppl_dca"]
+        if v is None or v > ratio_max * base:
+            ok = False
+            checks.append(f"DCA ppl at {p['ctx']} = {v} > {ratio_max:g} x {base:.4g}")
+    plain_min = g.options.get("plain_ratio_min")
+    if plain_min is not None and longer:
+        v = longer[-1]["ppl_plain"]
+        if v is not None and v < float(plain_min) * base:
+            ok = False
+            checks.append(f"plain ppl at {longer[-1]['ctx']} = {v:.4g} < {float(plain_min):g} x {base:.4g} (the test is not hard enough)")
+    pk_min = g.options.get("passkey_min")
+    acc = None
+    if trials > 0 and longer:
+        accs = [p["passkey_dca"] for p in longer if p["passkey_dca"] is not None]
+        acc = sum(accs) / len(accs) if accs else None
+    if acc is not None:
+        if pk_min is not None and acc < float(pk_min):
+            ok = False
+            checks.append(f"DCA passkey accuracy past {trained} = {acc:.2f} < {float(pk_min):g}")
+    elif pk_min is not None:
+        ok = False
+        checks.append("no passkey measurement past the trained context (passkey_trials 0, or the prompt does not fit)")
+    worst = max((p["ppl_dca"] or math.inf) for p in longer) if longer else None
+    summary = (f"trained {trained}: plain ppl {base:.4g}; DCA worst {worst:.4g} up to {contexts[-1]}"
+               if worst is not None else f"trained {trained}: plain ppl {base:.4g}")
+    if acc is not None:
+        summary += f"; DCA passkey {acc:.0%}"
+    if checks:
+        summary += "; " + "; ".join(checks)
+    metrics = {"trained": trained, "ppl_trained": base, "ppl_ratio_max": ratio_max, "plain_ratio_min": plain_min,
+               "passkey_min": pk_min, "passkey_dca_past_trained": acc}
+    return GateResult(g.name, g.kind, ok, summary, metrics, points)
+
+
+RUNNERS: dict[str, Callable[[_Ctx, GateConfig], GateResult]] = {
+    "off-identity": gate_off_identity,
+    "noop-below-chunk": gate_noop,
+    "extension": gate_extension,
+}
+
+
+def plot(results: Sequence[GateResult], path: Path) -> Path | None:
+    """Perplexity and passkey accuracy against context length, plain and DCA side by side, one row
+    per extension gate; None when no gate has such points."""
+    rows = [r for r in results if r.points]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows)), squeeze=False)
+    for (ax_ppl, ax_pk), r in zip(axes, rows, strict=True):
+        ctx = [p["ctx"] for p in r.points]
+        trained = r.metrics.get("trained")
+        for key, label, style in (("ppl_plain", "plain rope", "o--"), ("ppl_dca", "DCA", "s-")):
+            ys = [p.get(key) if p.get(key) is not None else float("nan") for p in r.points]
+            ax_ppl.plot(ctx, ys, style, label=label)
+        ax_ppl.set_xscale("log", base=2)
+        ax_ppl.set_yscale("log")
+        ax_ppl.set_xlabel("context length (tokens)")
+        ax_ppl.set_ylabel("perplexity")
+        ax_ppl.set_title(f"{r.name}: perplexity")
+        if trained:
+            ax_ppl.axvline(trained, color="grey", lw=0.8, ls=":", label=f"trained ({trained})")
+        ax_ppl.legend()
+        xs = list(range(len(ctx)))
+        w = 0.38
+        ax_pk.bar([x - w / 2 for x in xs], [p.get("passkey_plain", 0) or 0 for p in r.points], w, label="plain rope")
+        ax_pk.bar([x + w / 2 for x in xs], [p.get("passkey_dca", 0) or 0 for p in r.points], w, label="DCA")
+        ax_pk.set_xticks(xs, [str(x) for x in ctx])
+        ax_pk.set_ylim(0, 1.05)
+        ax_pk.set_xlabel("context length (tokens)")
+        ax_pk.set_ylabel("passkey accuracy")
+        ax_pk.set_title(f"{r.name}: passkey retrieval")
+        ax_pk.legend()
+    fig.suptitle("DCA vs plain rope (" + ("PASS" if all(r.passed for r in rows) else "FAIL") + ")")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_gates(cfg: Config, *, only: Sequence[str] = (), hooks: GateHooks | None = None) -> GateReport:
+    """``dcaforge gate``: run the configured gates (or ``only`` those named)."""
+    hooks = hooks or GateHooks()
+    if not cfg.gates:
+        raise GateError("the config declares no gates", where=cfg.describe(),
+                        hint="add a 'gates:' list (name, kind, model or recipe, thresholds); see the README")
+    names = [g.name for g in cfg.gates]
+    for n in only:
+        if n not in names:
+            raise GateError(f"no gate named {n!r}", where=cfg.describe(), hint=f"gates: {', '.join(names)}")
+    if cfg.build.backend != "cmake":
+        raise GateError("the gates run on cmake builds (build.backend: cmake)", where=cfg.describe())
+    Room.of(cfg).require()
+    c = _Ctx(cfg, hooks)
+    results: list[GateResult] = []
+    for g in cfg.gates:
+        if only and g.name not in only:
+            continue
+        if hooks.on_gate:
+            hooks.on_gate(g)
+        t0 = time.monotonic()
+        res = RUNNERS[g.kind](c, g)
+        res.seconds = round(time.monotonic() - t0, 2)
+        results.append(res)
+    report = GateReport(results=results, out_dir=c.out, json_path=c.out / "results.json", plot_path=None)
+    report.plot_path = plot(results, c.out / "gates.png")
+    write_atomic(report.json_path, (json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+    return report
