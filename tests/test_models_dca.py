@@ -11,15 +11,19 @@ Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S 
   (a) positions < c: --dca on equals --dca off within 1e-3 (max |a-b| / max |b| per position),
       flash attention on and off.
   (b) 800 tokens, ubatch 64 (ubatches 128..191 and 448..511 straddle the chunk boundaries 160
-      and 480): DCA runs and gives finite logits; the prefix < c still equals --dca off; FA on and
-      off agree; other ubatch sizes and two interleaved sequences (the masked fallback) agree; DCA
-      changes the logits past c; gemma3/gemma4 models whose global layers have a zero attention
-      output projection give the same logits with DCA on and off at any length (the sliding layers
-      are untouched by DCA).
+      and 480): DCA runs and gives finite logits; the prefix < c still equals --dca off; DCA
+      changes the logits past c; FA on and off agree; ubatch 1 / 7 / 256 and two interleaved
+      sequences (the masked fallback) agree with ubatch 64 (400 tokens; tolerance relative to what
+      the same comparison gives without DCA); with an f32 cache the logits match a float64 numpy
+      forward pass with DCA written from dca.md (tests/models/reference.py); gemma3/gemma4 models
+      whose global layers have a zero attention output projection give the same logits with DCA
+      on and off at any length (the sliding layers are untouched by DCA).
   (c) --dca off on the patched build is byte-identical to the unpatched build (FA on and off).
-  (d) quantized caches at 800 tokens with FA on: the argmax disagreement of type+DCA against
-      f16+DCA is no larger than that of type against f16 without DCA; the rates are written to
-      tests/models/RESULTS.md (path overridable with DCAFORGE_RESULTS).
+  (d) quantized caches at 800 tokens with FA on, three token sequences, six archs: the argmax
+      disagreement of type+DCA against f16+DCA is no larger than that of type against f16
+      without DCA (up to a 2-sigma counting-noise allowance), and DCA does not inflate the type's
+      mean logit error; the rates are written to tests/models/RESULTS.md (path overridable with
+      DCAFORGE_RESULTS).
 
 Run: DCAFORGE_LLAMA_TREE=... DCAFORGE_LLAMA_BUILD=... DCAFORGE_BASE_TREE=... DCAFORGE_BASE_BUILD=... \
      python -m pytest -q tests/test_models_dca.py
@@ -54,6 +58,7 @@ N_LONG = 800                 # five chunks: boundaries at 160, 320, 480, 640
 UB = 64
 THREADS = int(os.environ.get("DCAFORGE_THREADS", "2"))
 SEED = 7                     # token sequence seed
+QUANT_SEEDS = (7, 11, 12)    # (d): three sequences, so the argmax counts are not a handful of flips
 
 CACHE_TYPES = [("f16", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"), ("q5_1", "q5_1"),
                ("q5_0", "q5_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0")]
@@ -129,16 +134,16 @@ class Runner:
 
     def run(self, exe: str, model: str, n_tokens: int, *, ub: int = UB, fa: bool = True,
             ctk: str = "f16", ctv: str = "f16", dca: bool | None = None, chunk: int = S,
-            local: int = W, n_seq: int = 1, n_batch: int | None = None) -> tuple[Path, np.ndarray]:
+            local: int = W, n_seq: int = 1, n_batch: int | None = None, seed: int = SEED) -> tuple[Path, np.ndarray]:
         """Returns (file, logits [n_seq, n_tokens, n_vocab]). dca None: pass no --dca flags."""
         key = (exe, model, n_tokens, ub, fa, ctk, ctv, dca, chunk if dca else None,
-               local if dca else None, n_seq, n_batch)
+               local if dca else None, n_seq, n_batch, seed)
         if key in self.cache:
             return self.cache[key]
         self.n += 1
         out = self.outdir / f"run{self.n}.f32"
         nb = n_batch or max(n_tokens * n_seq, 1)
-        cmd = [exe, "-m", model, "-o", str(out), "--seed", str(SEED), "--n-tokens", str(n_tokens),
+        cmd = [exe, "-m", model, "-o", str(out), "--seed", str(seed), "--n-tokens", str(n_tokens),
                "-c", str(n_tokens * n_seq), "-b", str(nb), "-ub", str(ub),
                "-fa", "on" if fa else "off", "-ctk", ctk, "-ctv", ctv, "-t", str(THREADS),
                "--n-seq", str(n_seq)]
@@ -224,30 +229,55 @@ def test_b_fa_on_equals_fa_off(runner, dca_exe, models_dir, arch):
         f"{arch}: DCA FA path vs non-FA path: {e.max():.3g} at {e.argmax()} (without DCA: {e_ref.max():.3g})"
 
 
+# The invariance checks below compare two ways of computing the same thing; upstream itself
+# differs between them by rounding (FA on with an f16 cache: ~3e-3 from f16 accumulation; the
+# qwen3moe model even flips its expert routing at one position), so each tolerance is relative
+# to what the same comparison gives without DCA. With FA off and an f32 cache upstream is
+# ubatch-invariant to ~1e-6 (gemma ~3e-4, its f16 GELU table), which makes those cases sharp.
+INV_CASES = [(False, "f32"), (True, "f16")]
+INV_IDS = ["fa-off-f32", "fa-on-f16"]
+N_INV = 400                   # chunks 0, 1, 2
+
+
+def _inv_tol(e_plain: np.ndarray, fa: bool) -> float:
+    return max(1e-3 if fa else 1e-4, 2 * float(e_plain.max()))
+
+
 @pytest.mark.parametrize("ub", [1, 7, 256])
+@pytest.mark.parametrize(("fa", "ct"), INV_CASES, ids=INV_IDS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_b_ubatch_size_invariance(runner, dca_exe, models_dir, arch, ub):
-    """ubatch 1 (decode), 7 (odd, straddles every boundary), 256 vs 64: same logits."""
-    n = 400 if ub == 1 else N_LONG
+def test_b_ubatch_size_invariance(runner, dca_exe, models_dir, arch, fa, ct, ub):
+    """ubatch 1 (decode), 7 (odd: straddles every chunk boundary), 256 against 64: same logits."""
     m = model(models_dir, arch)
-    _, ref = runner.run(dca_exe, m, n, dca=True)
-    _, x = runner.run(dca_exe, m, n, ub=ub, dca=True)
-    e = rel_err(x[0], ref[0])
-    _RESULTS["b"].append((arch, "on", f"ubatch {ub} vs {UB}", float(e[:C].max()), float(e[C:].max()), None))
-    assert e.max() < 1e-3, f"{arch}: ubatch {ub} vs {UB}: {e.max():.3g} at position {e.argmax()}"
+    e = {}
+    for d in (False, True):
+        _, ref = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d)
+        _, x = runner.run(dca_exe, m, N_INV, ub=ub, fa=fa, ctk=ct, ctv=ct, dca=d)
+        e[d] = rel_err(x[0], ref[0])
+    tol = _inv_tol(e[False], fa)
+    _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}", f"{N_INV} tokens, ubatch {ub} vs {UB} (without DCA: {e[False].max():.2g})",
+                          float(e[True][:C].max()), float(e[True][C:].max()), None))
+    assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: ubatch {ub} vs {UB} with DCA: {e[True].max():.3g} at position "
+                                  f"{e[True].argmax()} (without DCA: {e[False].max():.3g}; tolerance {tol:.3g})")
 
 
-@pytest.mark.parametrize("fa", [True, False], ids=["fa-on", "fa-off"])
+@pytest.mark.parametrize(("fa", "ct"), INV_CASES, ids=INV_IDS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa):
+def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa, ct):
     """Two identical sequences interleaved in one unified cache (cells out of position order:
     the masked fallback) give each the single-sequence logits."""
     m = model(models_dir, arch)
-    _, one = runner.run(dca_exe, m, 400, fa=fa, dca=True)
-    _, two = runner.run(dca_exe, m, 400, fa=fa, dca=True, n_seq=2)
-    e = np.maximum(rel_err(two[0], one[0]), rel_err(two[1], one[0]))
-    _RESULTS["b"].append((arch, "on" if fa else "off", "2 sequences vs 1", float(e[:C].max()), float(e[C:].max()), None))
-    assert e.max() < 1e-3, f"{arch} fa={fa}: 2 sequences vs 1: {e.max():.3g} at position {e.argmax()}"
+    e = {}
+    for d in (False, True):
+        _, one = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d)
+        _, two = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d, n_seq=2)
+        assert np.isfinite(two).all()
+        e[d] = np.maximum(rel_err(two[0], one[0]), rel_err(two[1], one[0]))
+    tol = _inv_tol(e[False], fa)
+    _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}", f"{N_INV} tokens, 2 sequences vs 1 (without DCA: {e[False].max():.2g})",
+                          float(e[True][:C].max()), float(e[True][C:].max()), None))
+    assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: 2 sequences vs 1 with DCA: {e[True].max():.3g} at position "
+                                  f"{e[True].argmax()} (without DCA: {e[False].max():.3g}; tolerance {tol:.3g})")
 
 
 @pytest.mark.parametrize("fa", [True, False], ids=["fa-on", "fa-off"])
@@ -315,7 +345,7 @@ def test_c_dca_off_bit_identical_to_upstream(runner, dca_exe, base_exe, models_d
     assert same, f"{arch} fa={fa}: --dca off differs from upstream: rel {rel_err(x_off[0], x_base[0]).max():.3g}"
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma4"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_c_default_params_bit_identical_to_upstream(runner, dca_exe, base_exe, models_dir, arch):
     """No --dca flag at all (llama_context_default_params) is upstream too."""
     m = model(models_dir, arch)
@@ -326,26 +356,53 @@ def test_c_default_params_bit_identical_to_upstream(runner, dca_exe, base_exe, m
 
 # ----------------------------------------------------------------------------- (d) quantized caches
 
-def _argmax_disagreement(x: np.ndarray, ref: np.ndarray) -> float:
-    return float((x[0].argmax(-1) != ref[0].argmax(-1)).mean())
+@pytest.fixture(scope="session")
+def quant_stats(runner, dca_exe, models_dir):
+    """Per (arch, ctk, ctv, dca): argmax disagreements against the f16 cache with the same DCA
+    setting, over positions >= c (below c DCA is plain attention), and the mean |logit error|."""
+    stats: dict[tuple, dict] = {}
+    for arch in ARCHS:
+        m = model(models_dir, arch)
+        for seed in QUANT_SEEDS:
+            ref = {d: runner.run(dca_exe, m, N_LONG, fa=True, dca=d, seed=seed)[1][0, C:].astype(np.float64)
+                   for d in (False, True)}
+            for ctk, ctv in CACHE_TYPES:
+                for d in (False, True):
+                    _, x = runner.run(dca_exe, m, N_LONG, fa=True, ctk=ctk, ctv=ctv, dca=d, seed=seed)
+                    x = x[0, C:].astype(np.float64)
+                    st = stats.setdefault((arch, ctk, ctv, d), {"finite": True, "flips": 0, "n": 0, "dlogit": 0.0})
+                    st["finite"] &= bool(np.isfinite(x).all())
+                    st["flips"] += int((x.argmax(-1) != ref[d].argmax(-1)).sum())
+                    st["n"] += int(x.shape[0])
+                    st["dlogit"] += float(np.abs(x - ref[d]).mean()) / len(QUANT_SEEDS)
+    for arch in ARCHS:
+        for ctk, ctv in CACHE_TYPES:
+            a, b = stats[(arch, ctk, ctv, False)], stats[(arch, ctk, ctv, True)]
+            _RESULTS["d"].append((arch, ctk, ctv, a["flips"], b["flips"], a["n"], a["dlogit"], b["dlogit"]))
+    return stats
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_d_quantized_caches(runner, dca_exe, models_dir, arch):
-    m = model(models_dir, arch)
-    ref = {d: runner.run(dca_exe, m, N_LONG, fa=True, dca=d)[1] for d in (False, True)}
-    failures = []
-    for ctk, ctv in CACHE_TYPES:
-        rates = {}
-        for d in (False, True):
-            _, x = runner.run(dca_exe, m, N_LONG, fa=True, ctk=ctk, ctv=ctv, dca=d)
-            assert np.isfinite(x).all(), f"{arch} {ctk}/{ctv} dca={d}: non-finite logits"
-            rates[d] = _argmax_disagreement(x, ref[d])
-            rates[(d, "rel")] = float(np.median(rel_err(x[0], ref[d][0])))
-        _RESULTS["d"].append((arch, ctk, ctv, rates[False], rates[True], rates[(False, "rel")], rates[(True, "rel")]))
-        if rates[True] > rates[False]:
-            failures.append(f"{ctk}/{ctv}: with DCA {rates[True]:.4f} > without {rates[False]:.4f}")
-    assert not failures, f"{arch}: " + "; ".join(failures)
+@pytest.mark.parametrize(("ctk", "ctv"), CACHE_TYPES, ids=[f"{k}-{v}" for k, v in CACHE_TYPES])
+def test_d_quantized_cache(quant_stats, ctk, ctv):
+    """Over the six archs and three token sequences, positions >= c of 800 tokens, FA on:
+    - type+DCA has finite logits;
+    - its argmax disagreement with f16+DCA is no larger than that of type with f16 without DCA,
+      up to sampling noise: k_dca <= k_plain + 2 sqrt(k_dca + k_plain) (two flip counts of a few
+      tens each differ by several flips between any two settings; the strict comparison is in
+      RESULTS.md per arch);
+    - the type's mean |logit error| is not inflated by DCA (ratio <= 1.15)."""
+    rows = [(quant_stats[(a, ctk, ctv, False)], quant_stats[(a, ctk, ctv, True)]) for a in ARCHS]
+    bad = [a for a in ARCHS if not quant_stats[(a, ctk, ctv, True)]["finite"]]
+    assert not bad, f"{ctk}/{ctv}: non-finite logits with DCA for {bad}"
+    k0 = sum(r[0]["flips"] for r in rows)
+    k1 = sum(r[1]["flips"] for r in rows)
+    n = sum(r[0]["n"] for r in rows)
+    e0 = float(np.mean([r[0]["dlogit"] for r in rows]))
+    e1 = float(np.mean([r[1]["dlogit"] for r in rows]))
+    allow = 2 * np.sqrt(k0 + k1)
+    assert k1 <= k0 + allow, (f"{ctk}/{ctv}: argmax disagreement with DCA {k1}/{n} > without {k0}/{n} "
+                              f"+ noise allowance {allow:.1f}")
+    assert e1 <= 1.15 * e0 + 1e-6, f"{ctk}/{ctv}: mean |logit error| with DCA {e1:.4g} vs without {e0:.4g}"
 
 
 # ----------------------------------------------------------------------------- results file
@@ -372,7 +429,7 @@ def write_results(path: Path) -> None:
             L.append(f"| {arch} | {fa} | {e:.3g} | {pos} |")
         L.append("")
     if _RESULTS["b"]:
-        L.append(f"## (b) past c ({N_LONG} tokens unless noted; ubatch 400 tokens for ubatch 1 and 2 sequences)\n")
+        L.append(f"## (b) past c ({N_LONG} tokens unless noted)\n")
         L.append("| arch | FA | comparison | max rel err, positions < c | positions >= c (max; median for dca on vs off) "
                  "| share of positions > c changed |")
         L.append("|---|---|---|---|---|---|")
@@ -388,24 +445,32 @@ def write_results(path: Path) -> None:
             L.append(f"| {arch} | {fa} | {'yes' if same else 'NO'} | {e:.3g} |")
         L.append("")
     if _RESULTS["d"]:
-        L.append(f"## (d) quantized caches, {N_LONG} tokens, FA on: argmax disagreement vs f16 cache\n")
-        L.append("Without DCA: type vs f16 (both without DCA). With DCA: type+DCA vs f16+DCA. "
-                 "Median rel err of the logits in parentheses.\n")
-        L.append("| arch | K | V | without DCA | with DCA | ok |")
+        L.append(f"## (d) quantized caches, {N_LONG} tokens, FA on, ubatch {UB}: argmax disagreement against the f16 cache\n")
+        L.append(f"Token sequences: seeds {', '.join(map(str, QUANT_SEEDS))}, counted over positions >= c = {C} "
+                 "(below c DCA is plain attention, bit for bit). Without DCA: type vs f16, "
+                 "both without DCA. With DCA: type+DCA vs f16+DCA. In parentheses: mean |logit error| against that f16 run.\n")
+        L.append("| arch | K | V | without DCA | with DCA | strictly no larger |")
         L.append("|---|---|---|---|---|---|")
         tot: dict[tuple[str, str], list] = {}
-        for arch, ctk, ctv, r0, r1, e0, e1 in _RESULTS["d"]:
-            L.append(f"| {arch} | {ctk} | {ctv} | {r0:.4f} ({e0:.2g}) | {r1:.4f} ({e1:.2g}) | {'yes' if r1 <= r0 else 'NO'} |")
-            t = tot.setdefault((ctk, ctv), [0.0, 0.0, 0])
-            t[0] += r0
-            t[1] += r1
-            t[2] += 1
+        for arch, ctk, ctv, k0, k1, n, e0, e1 in _RESULTS["d"]:
+            L.append(f"| {arch} | {ctk} | {ctv} | {k0}/{n} = {k0 / n:.4f} ({e0:.3g}) | {k1}/{n} = {k1 / n:.4f} ({e1:.3g}) "
+                     f"| {'yes' if k1 <= k0 else 'no'} |")
+            t = tot.setdefault((ctk, ctv), [0, 0, 0, 0.0, 0.0, 0])
+            t[0] += k0
+            t[1] += k1
+            t[2] += n
+            t[3] += e0
+            t[4] += e1
+            t[5] += 1
         L.append("")
-        L.append("Mean over the architectures:\n")
-        L.append("| K | V | without DCA | with DCA |")
-        L.append("|---|---|---|---|")
-        for (ctk, ctv), (r0, r1, k) in tot.items():
-            L.append(f"| {ctk} | {ctv} | {r0 / k:.4f} | {r1 / k:.4f} |")
+        L.append("All architectures together (the asserted criterion: with <= without + 2 sqrt(with + without); "
+                 "mean |logit error| ratio <= 1.15):\n")
+        L.append("| K | V | without DCA | with DCA | strictly no larger | within noise | mean |logit error| without / with |")
+        L.append("|---|---|---|---|---|---|---|")
+        for (ctk, ctv), (k0, k1, n, e0, e1, na) in tot.items():
+            ok = k1 <= k0 + 2 * np.sqrt(k0 + k1)
+            L.append(f"| {ctk} | {ctv} | {k0}/{n} = {k0 / n:.4f} | {k1}/{n} = {k1 / n:.4f} | {'yes' if k1 <= k0 else 'no'} "
+                     f"| {'yes' if ok else 'NO'} | {e0 / na:.4g} / {e1 / na:.4g} |")
         L.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(L) + "\n")
