@@ -159,7 +159,7 @@ def _context(seq: list[str], start: int, *, stop_at_blank: bool, n: int = 4) -> 
     for line in seq[start:start + n]:
         if stop_at_blank and not line.strip() and out:
             break
-        if _FAILED.match(line) or _NINJA_STATUS.match(line) or _GCC_ERROR.match(line):
+        if _FAILED.match(line) or _NINJA_STATUS.match(line) or _GCC_ERROR.match(line) or line.startswith(("ninja: ", "make")):
             break
         out.append(line)
     return tuple(out)
@@ -193,9 +193,13 @@ HOW = {
 }
 
 
+#: Where the CUDA toolkit puts nvcc when it is not on PATH.
+CUDA_NVCC = "/usr/local/cuda/bin/nvcc"
+
+
 def find_nvcc() -> str:
     env = os.environ.get("CUDACXX")
-    for cand in (env, _which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+    for cand in (env, _which("nvcc"), CUDA_NVCC):
         if cand and os.access(cand, os.X_OK):
             return cand
     raise ToolchainError("nvcc (the CUDA compiler) is not installed; --cuda needs it", hint=HOW["nvcc"])

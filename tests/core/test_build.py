@@ -1,0 +1,400 @@
+"""dcaforge build: reading ninja/make progress and compiler errors (from real gcc, cmake and ninja
+runs), toolchain checks, the build: config, and real builds of a tiny CMake project and a
+llamafile-shaped tree in a clean room (no mocks: real git, cmake, ninja, make, gcc)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dcaforge import build as bmod
+from dcaforge.build import Progress, first_error, parse_progress
+from dcaforge.cli import app
+from dcaforge.config import parse_config
+from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError
+from dcaforge.series import apply
+
+from .helpers import git_init
+
+needs = pytest.mark.skipif(not all(shutil.which(t) for t in ("cmake", "ninja", "gcc", "make")),
+                           reason="cmake, ninja, gcc and make are needed (.ci/run installs them)")
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def test_parse_progress_ninja_cmake_make_and_others() -> None:
+    # lines copied from real logs: ninja (cmake's Ninja generator), cmake's Makefiles
+    assert parse_progress("[12/137] Building CXX object src/CMakeFiles/llama.dir/llama-dca.cpp.o") == \
+        Progress(12, 137, "Building CXX object src/CMakeFiles/llama.dir/llama-dca.cpp.o")
+    assert parse_progress("[137/137] Linking CXX executable bin/llama-perplexity") == \
+        Progress(137, 137, "Linking CXX executable bin/llama-perplexity")
+    assert parse_progress("[ 45%] Building C object CMakeFiles/llama.dir/src/a.c.o") == \
+        Progress(45, 100, "Building C object CMakeFiles/llama.dir/src/a.c.o")
+    assert parse_progress("[100%] Built target hello") == Progress(100, 100, "Built target hello")
+    for line in ("ninja: no work to do.", "-- Configuring done (0.4s)", "[0/0] nothing", "[5/3] odd",
+                 "src/a.c:3:5: error: x", "[ 145%] nope", ""):
+        assert parse_progress(line) is None, line
+
+
+# --- errors from real tools ------------------------------------------------------------------
+
+def _out(argv: list[str], cwd: Path) -> list[str]:
+    p = subprocess.run(argv, check=False, cwd=cwd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+    assert p.returncode != 0
+    return (p.stdout + p.stderr).splitlines()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_first_error_of_real_gcc_skips_warnings(tmp_path: Path) -> None:
+    (tmp_path / "broken.c").write_text("int f(void) {\n    int unused;\n    return 1\n}\n")
+    lines = ["[1/2] Building C object CMakeFiles/x.dir/broken.c.o", "FAILED: CMakeFiles/x.dir/broken.c.o",
+             *_out(["gcc", "-Wall", "-c", "broken.c", "-o", "/dev/null"], tmp_path)]
+    d = first_error(lines, base=tmp_path)
+    assert d is not None
+    assert d.file == str(tmp_path / "broken.c") and d.line == 3 and d.column is not None
+    assert "expected ';'" in d.message
+    assert d.target == "CMakeFiles/x.dir/broken.c.o"
+    assert d.location() == f"{tmp_path / 'broken.c'}:3:{d.column}"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_first_error_of_real_link_failure(tmp_path: Path) -> None:
+    (tmp_path / "main.c").write_text("int missing_fn(void);\nint main(void) { return missing_fn(); }\n")
+    d = first_error(_out(["gcc", "main.c", "-o", "main"], tmp_path))
+    assert d is not None and "undefined reference to" in d.message and "missing_fn" in d.message
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_first_error_of_real_cmake_failure(tmp_path: Path) -> None:
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(p NONE)\nmessage(FATAL_ERROR \"GGML_CUDA needs nvcc\")\n")
+    d = first_error(_out(["cmake", "-S", str(src), "-B", str(tmp_path / "b")], tmp_path))
+    assert d is not None and d.file is not None
+    assert d.file.endswith("CMakeLists.txt") and d.line == 3
+    assert "GGML_CUDA needs nvcc" in " ".join([d.message, *d.context])
+
+
+def test_first_error_of_nvcc_and_make_lines() -> None:
+    # nvcc's own format (EDG front end), then GNU make's summary as the fallback
+    d = first_error(["[3/9] Building CUDA object fattn-lse.cu.o", "FAILED: fattn-lse.cu.o",
+                     "/r/ggml/src/ggml-cuda/fattn-lse.cu(42): error: identifier \"lse\" is undefined",
+                     "      float x = lse[0];", "                ^"])
+    assert d is not None and (d.file, d.line) == ("/r/ggml/src/ggml-cuda/fattn-lse.cu", 42)
+    assert d.message == 'identifier "lse" is undefined' and d.context[0].strip() == "float x = lse[0];"
+    d = first_error(["make: *** [Makefile:12: o//llamafile/x.o] Error 1"])
+    assert d is not None and d.file is None and "Error 1" in d.message
+    assert first_error(["all fine", "ninja: build stopped"]) is None
+
+
+# --- config ----------------------------------------------------------------------------------
+
+BASE = """\
+name: room
+source:
+  git: /nowhere
+feature:
+  number: 78
+  name: dca
+  templates: templates/dca
+  marker: "// m"
+"""
+
+
+def _cfg(tmp_path: Path, extra: str):
+    p = tmp_path / "dcaforge.yaml"
+    p.write_text(BASE + textwrap.dedent(extra))
+    return parse_config(p)
+
+
+def test_build_config_defaults_and_values(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "")
+    assert cfg.build.backend == "cmake" and cfg.build.cmake.generator == "Ninja"
+    assert cfg.build.cmake.dir == "build" and cfg.build.cmake.cuda_architectures == "86;90"
+    cfg = _cfg(tmp_path, """\
+        build:
+          backend: cmake
+          jobs: 2
+          cmake:
+            defines: {GGML_NATIVE: OFF, GGML_CUDA_FA: ON, N: 3}
+            cuda_architectures: 90
+            targets: [llama, llama-perplexity]
+        """)
+    assert cfg.build.jobs == 2 and cfg.build.cmake.targets == ("llama", "llama-perplexity")
+    assert dict(cfg.build.cmake.defines) == {"GGML_NATIVE": "OFF", "GGML_CUDA_FA": "ON", "N": "3"}
+    assert cfg.build.cmake.cuda_architectures == "90"
+    args = bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=True, ccache=False, nvcc="/x/nvcc")
+    assert args[:7] == ["cmake", "-S", "/s", "-B", "/b", "-G", "Ninja"]
+    assert "-DGGML_NATIVE=OFF" in args and "-DBUILD_SHARED_LIBS=OFF" in args and "-DGGML_CCACHE=OFF" in args
+    assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args and "-DCMAKE_CUDA_COMPILER=/x/nvcc" in args
+
+
+@pytest.mark.parametrize("extra, message, line", [
+    ("build:\n  backend: bazel\n", "'build.backend' must be one of cmake, llamafile, got 'bazel'", 10),
+    ("build:\n  cmake:\n    genrator: Ninja\n", "unknown key 'build.cmake.genrator'", 11),
+    ("build:\n  jobs: many\n", "'build.jobs' must be an integer, got str 'many'", 10),
+    ("build:\n  jobs: 0\n", "'build.jobs' must be at least 1", 10),
+    ("build:\n  cmake:\n    dir: /abs\n", "'build.cmake.dir' must be a relative path inside the tree", 11),
+    ("build:\n  cmake:\n    targets: llama\n", "'build.cmake.targets' must be a list", 11),
+    ("build:\n  llamafile:\n    cuda_flags: [1, [2]]\n", "'build.llamafile.cuda_flags[1]' must be a string", 11),
+    ("gates:\n  - name: g\n    kind: speed\n    recipe: tiny:qwen2\n",
+     "'gates[0].kind' must be one of off-identity, noop-below-chunk, extension", 11),
+    ("gates:\n  - name: g\n    kind: extension\n", "needs exactly one of 'model:'", 10),
+    ("gates:\n  - name: g\n    kind: noop-below-chunk\n    recipe: tiny:qwen2\n    tolerence: 1\n",
+     "unknown key 'gates[0].tolerence'", 13),
+    ("gates:\n  - name: g\n    kind: noop-below-chunk\n    recipe: big:qwen2\n", "'gates[0].recipe' must look like", 12),
+    ("gates:\n  - name: g\n    kind: off-identity\n    recipe: tiny:qwen2\n"
+     "  - name: g\n    kind: off-identity\n    recipe: tiny:llama\n", "two gates are named 'g'", 13),
+])
+def test_build_and_gate_config_errors_name_key_file_line(tmp_path: Path, extra: str, message: str, line: int) -> None:
+    with pytest.raises(ConfigError) as ei:
+        _cfg(tmp_path, extra)
+    assert message in ei.value.message
+    assert ei.value.where == f"{tmp_path / 'dcaforge.yaml'}:{line}"
+
+
+def test_unknown_build_key_suggests_the_right_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as ei:
+        _cfg(tmp_path, "build:\n  backnd: cmake\n")
+    assert ei.value.hint is not None and "did you mean 'backend'?" in ei.value.hint
+
+
+def test_gate_config_parsed(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, """\
+        gates:
+          - name: ext
+            kind: extension
+            model: models/m.gguf
+            text: data/text.txt
+            contexts: [256, 512]
+            ppl_ratio_max: 1.15
+            plain_ratio_min: 2
+        """)
+    (g,) = cfg.gates
+    assert g.model == tmp_path / "models" / "m.gguf" and g.recipe is None
+    assert g.options == {"contexts": [256, 512], "ppl_ratio_max": 1.15, "plain_ratio_min": 2,
+                         "text": tmp_path / "data" / "text.txt"}
+    assert g.where == f"{tmp_path / 'dcaforge.yaml'}:10"
+
+
+# --- toolchains ------------------------------------------------------------------------------
+
+REAL_PATH = os.environ.get("PATH", "")
+
+
+def _path_with(tmp_path: Path, tools: list[str]) -> str:
+    """A PATH holding only these tools (symlinks to the real ones)."""
+    d = tmp_path / "onlybin"
+    d.mkdir(parents=True, exist_ok=True)
+    for t in tools:
+        real = shutil.which(t, path=REAL_PATH)
+        if real and not (d / t).exists():
+            (d / t).symlink_to(real)
+    return str(d)
+
+
+@needs
+def test_missing_ninja_and_cmake_and_nvcc_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               tiny_room) -> None:
+    cfg = tiny_room
+    monkeypatch.setenv("PATH", _path_with(tmp_path, ["git", "cmake", "gcc", "cc", "make"]))
+    with pytest.raises(ToolchainError) as ei:
+        bmod.build(cfg, jobs=1)
+    assert "ninja is not installed" in ei.value.message and "apt-get install ninja-build" in (ei.value.hint or "")
+    monkeypatch.setenv("PATH", _path_with(tmp_path / "x", ["git"]))
+    with pytest.raises(ToolchainError) as ei:
+        bmod.build(cfg, jobs=1)
+    assert "cmake is not installed" in ei.value.message and "pip install cmake" in (ei.value.hint or "")
+    monkeypatch.setenv("PATH", _path_with(tmp_path, ["git", "cmake", "ninja", "gcc", "cc"]))
+    monkeypatch.delenv("CUDACXX", raising=False)
+    monkeypatch.setattr(bmod, "CUDA_NVCC", str(tmp_path / "no-cuda" / "nvcc"))
+    with pytest.raises(ToolchainError) as ei:
+        bmod.build(cfg, cuda=True, jobs=1)
+    assert "nvcc" in ei.value.message and "CUDA toolkit" in (ei.value.hint or "")
+    # nothing was configured or built
+    assert not (cfg.room / "build").exists() and not (cfg.room / "build-cuda").exists()
+
+
+# --- a real build of a tiny CMake project ----------------------------------------------------
+
+TINY_CMAKE = """\
+cmake_minimum_required(VERSION 3.14)
+project(tiny C)
+add_library(llama STATIC src/a.c src/b.c)
+add_executable(hello src/main.c)
+target_link_libraries(hello llama)
+"""
+
+MANIFEST = """\
+files:
+  - template: feature.c.j2
+    dest: src/feature.c
+edits:
+  - file: CMakeLists.txt
+    anchor: 'src/b\\.c\\)'
+    action: replace
+    text: 'src/b.c src/feature.c)'
+"""
+
+
+@pytest.fixture
+def tiny_room(tmp_path: Path):
+    """A clean room (real apply) of a tiny C project with a one-file feature; ccache off."""
+    src = tmp_path / "upstream"
+    git_init(src, {"CMakeLists.txt": TINY_CMAKE, "src/a.c": "int a(void) { return 1; }\n",
+                   "src/b.c": "int b(void) { return 2; }\n",
+                   "src/main.c": "int a(void); int b(void);\nint main(void) { return a() + b() - 3; }\n"})
+    feat = tmp_path / "work" / "templates" / "feat"
+    feat.mkdir(parents=True)
+    (feat / "manifest.yaml").write_text(MANIFEST)
+    (feat / "feature.c.j2").write_text("{{ marker }}\nint feature(void) { return {{ vars.value }}; }\n")
+    (tmp_path / "work" / "patches").mkdir()
+    cfgp = tmp_path / "work" / "dcaforge.yaml"
+    cfgp.write_text(f"name: room\ncleanroom: ../ws\nsource:\n  git: {src}\nfeature:\n  number: 78\n  name: feat\n"
+                    "  templates: templates/feat\n  marker: '// m'\n  vars: {value: 7}\n"
+                    "build:\n  ccache: false\n  jobs: 2\n  cmake:\n    targets: [hello, llama]\n")
+    cfg = parse_config(cfgp)
+    apply(cfg)
+    return cfg
+
+
+@needs
+def test_build_rebuild_change_failure_and_baseline(tiny_room, tmp_path: Path) -> None:
+    cfg = tiny_room
+    seen: list[Progress] = []
+    res = bmod.build(cfg, hooks=bmod.BuildHooks(on_progress=seen.append))
+    assert (cfg.room / "build" / "hello").is_file() and res.build_dir == cfg.room / "build"
+    assert [s.what for s in res.steps] == ["configure", "build"] and not res.steps[0].skipped
+    assert seen and seen[-1].done == seen[-1].total and res.compiled == seen[-1].total
+    assert res.log.parent == cfg.room / ".git" / "dcaforge" / "logs" and "Linking C executable" in res.log.read_text()
+    # the build folder is kept out of capture: excluded (this tree has no .gitignore)
+    assert "/build/" in (cfg.room / ".git" / "info" / "exclude").read_text().splitlines()
+    assert subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "build"], check=False, cwd=cfg.room,
+                          capture_output=True, text=True).stdout == ""
+
+    # again: configure up to date, nothing compiled
+    res = bmod.build(cfg)
+    assert res.steps[0].skipped and res.compiled == 0
+
+    # a template change re-renders one file: only it is recompiled (then the library, the link)
+    feat = cfg.feature.templates / "feature.c.j2"
+    mtime_a = (cfg.room / "src" / "a.c").stat().st_mtime_ns
+    feat.write_text("{{ marker }}\nint feature(void) { return {{ vars.value }} + 1; }\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["render", "-c", str(cfg.path)])
+    assert r.exit_code == 0, r.output
+    assert (cfg.room / "src" / "a.c").stat().st_mtime_ns == mtime_a
+    log_lines: list[str] = []
+    res = bmod.build(cfg, hooks=bmod.BuildHooks(on_line=log_lines.append))
+    compiled = [ln for ln in log_lines if "Building C object" in ln]
+    assert len(compiled) == 1 and "feature.c" in compiled[0], log_lines
+
+    # a broken template: exit 1, the first compiler error (file:line) and the log's path
+    feat.write_text("{{ marker }}\nint feature(void) { return {{ vars.value }} }\n")
+    assert runner.invoke(app, ["render", "-c", str(cfg.path)]).exit_code == 0
+    with pytest.raises(BuildError) as ei:
+        bmod.build(cfg)
+    e = ei.value
+    assert f"{cfg.room / 'src' / 'feature.c'}:2" in e.message
+    assert e.where is not None and e.where.startswith("log: ") and Path(e.where[5:]).is_file()
+    assert "error: expected" in (e.details or "") and "ninja: build stopped" not in (e.details or "")
+    r = runner.invoke(app, ["build", "-c", str(cfg.path)])
+    assert r.exit_code == 1
+    assert "feature.c:2" in r.output and "log:" in r.output
+
+    # the baseline: its own worktree next to the room, no feature, its own build
+    res = bmod.build(cfg, baseline=True, targets=["hello"])
+    wt = cfg.workspace / "room-baseline"
+    assert res.tree == wt and (wt / "build" / "hello").is_file()
+    assert not (wt / "src" / "feature.c").exists() and "feature.c" not in (wt / "CMakeLists.txt").read_text()
+    # the room itself is unchanged by it
+    assert (cfg.room / "src" / "feature.c").exists()
+    # a folder in the way that is not our worktree is refused
+    shutil.rmtree(wt)
+    wt.mkdir()
+    (wt / "mine.txt").write_text("user data")
+    with pytest.raises(DcaforgeError) as ei:
+        bmod.build(cfg, baseline=True)
+    assert "not a worktree of the clean room" in ei.value.message
+    assert (wt / "mine.txt").read_text() == "user data"
+
+
+@needs
+def test_cli_build_prints_summary(tiny_room) -> None:
+    r = CliRunner().invoke(app, ["build", "-c", str(tiny_room.path), "-j", "1", "--targets", "hello llama"])
+    assert r.exit_code == 0, r.output
+    assert "configure" in r.output and "targets:   hello llama  -j1  ccache off" in r.output
+    assert "log:" in r.output
+
+
+# --- the llamafile backend --------------------------------------------------------------------
+
+LF_MAKEFILE = """\
+all: o/llamafile
+\t@echo "[1/2] CC llamafile/main.c"
+\t@echo "[2/2] LINK o/llamafile"
+o/llamafile:
+\t@mkdir -p o && echo built > o/llamafile
+"""
+
+CUDA_SH = """\
+#!/bin/sh
+# fake llamafile/cuda.sh: records its arguments, writes --output
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in --output) out="$2"; shift;; esac
+  shift
+done
+nvcc --version >/dev/null || exit 3
+echo module > "$out"
+"""
+
+
+@needs
+def test_llamafile_backend_needs_cosmocc_then_runs_make_and_cuda_sh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "llamafile"
+    git_init(src, {"Makefile": LF_MAKEFILE, "build/config.mk": "PREFIX = /usr/local\nCOSMOCC = .cosmocc/4.0.2\n",
+                   "llamafile/cuda.sh": (CUDA_SH, 0o755), "llama.cpp/README.md": "vendored\n",
+                   ".gitignore": "/o\n/.cosmocc\n"})
+    feat = tmp_path / "work" / "templates" / "feat"
+    feat.mkdir(parents=True)
+    (feat / "manifest.yaml").write_text("files: []\nedits: []\n")
+    (tmp_path / "work" / "patches").mkdir()
+    cfgp = tmp_path / "work" / "dcaforge.yaml"
+    cfgp.write_text(f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
+                    "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
+                    "build:\n  backend: llamafile\n  llamafile:\n    cuda_flags: [--arch, sm_86]\n")
+    cfg = parse_config(cfgp)
+    apply(cfg)
+    with pytest.raises(ToolchainError) as ei:
+        bmod.build(cfg)
+    assert "cosmocc is not in the tree" in ei.value.message and "does not do that behind your back" in ei.value.message
+    assert "build/download-cosmocc.sh .cosmocc/4.0.2" in (ei.value.hint or "")
+    assert not (cfg.room / ".cosmocc").exists()  # nothing downloaded
+
+    (cfg.room / ".cosmocc" / "4.0.2" / "bin").mkdir(parents=True)
+    (cfg.room / ".cosmocc" / "4.0.2" / "bin" / "cosmocc").write_text("#!/bin/sh\n")
+    seen: list[Progress] = []
+    res = bmod.build(cfg, hooks=bmod.BuildHooks(on_progress=seen.append))
+    assert (cfg.room / "o" / "llamafile").read_text() == "built\n"
+    assert [(p.done, p.total) for p in seen] == [(1, 2), (2, 2)]
+    assert res.backend == "llamafile" and res.steps[0].what == "make"
+
+    # --cuda: nvcc required, then cuda.sh --clean --output <inside the room> <flags>
+    fake = tmp_path / "cuda" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "nvcc").write_text("#!/bin/sh\necho 'nvcc fake'\n")
+    (fake / "nvcc").chmod(0o755)
+    monkeypatch.setenv("CUDACXX", str(fake / "nvcc"))
+    res = bmod.build(cfg, cuda=True)
+    cuda_step = res.steps[-1]
+    out = cfg.room / "o" / "cuda" / "ggml-cuda.so"
+    assert cuda_step.what == "cuda.sh" and cuda_step.argv[-5:] == ("--clean", "--output", str(out), "--arch", "sm_86")
+    assert out.read_text() == "module\n" and out in res.outputs
