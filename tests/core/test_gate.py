@@ -1,0 +1,108 @@
+"""dcaforge gate without builds: reading llama-perplexity / llama-passkey output and GGUF headers,
+the plot, and the errors that say which build or model is missing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dcaforge import REPO_ROOT
+from dcaforge.cli import app
+from dcaforge.config import parse_config
+from dcaforge.errors import GateError
+from dcaforge.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, run_gates
+
+PPL_OUT = """\
+perplexity: tokenizing the input ..
+perplexity: tokenization took 2.1 ms
+perplexity: calculating perplexity over 1 chunks, n_ctx=512, batch_size=512, n_seq=1
+perplexity: 0.41 seconds per pass - ETA 0.00 minutes
+[1]523.2970,
+Final estimate: PPL = 523.2970 +/- 21.04711
+"""
+
+PASSKEY_OUT = """\
+main: n_len = 460, n_ctx = 480, n_kv_req = 512, n_grp = 1, n_batch = 2048, n_junk = 2, i_pos = 1
+prefix tokens: 149
+prompt tokens: 444
+main: passkey = 39384, inserted at position 1 / 2 (token pos: ~222)
+
+ What is the pass key? The pass key is 39384. Remember it. 39384 is the pass key.
+"""
+
+
+def test_parse_perplexity_and_passkey() -> None:
+    assert parse_perplexity(PPL_OUT) == pytest.approx(523.297)
+    assert parse_perplexity("perplexity: you need at least 1024 tokens to evaluate perplexity with a context of 512") is None
+    assert parse_passkey(PASSKEY_OUT) == (39384, 39384)
+    wrong = PASSKEY_OUT.replace("is 39384. Remember", "is 19384. Remember")
+    assert parse_passkey(wrong) == (39384, 19384)
+    assert parse_passkey(PASSKEY_OUT.replace("is 39384. Remember it. 39384 is the pass key.", "is the the the")) == (39384, None)
+
+
+def test_gguf_metadata_of_a_tiny_model(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.models import tiny
+
+    path = tiny.ensure(str(tmp_path), "qwen2")
+    meta = gguf_metadata(Path(path))
+    assert meta["general.architecture"] == "qwen2" and meta["qwen2.context_length"] == tiny.N_CTX_TRAIN
+    assert gguf_metadata(Path(path), ["qwen2.context_length"]) == {"qwen2.context_length": tiny.N_CTX_TRAIN}
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(20))
+    with pytest.raises(GateError, match="not a GGUF file"):
+        gguf_metadata(bad)
+
+
+def test_plot_writes_a_png_with_plain_and_dca(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pts = [{"ctx": 256, "ppl_plain": 10.0, "ppl_dca": 10.1, "passkey_plain": 1.0, "passkey_dca": 1.0},
+           {"ctx": 1024, "ppl_plain": 40.0, "ppl_dca": 11.0, "passkey_plain": 0.0, "passkey_dca": None}]
+    res = [GateResult("ext", "extension", True, "ok", {"trained": 256}, pts),
+           GateResult("off", "off-identity", True, "ok")]
+    out = plot(res, tmp_path / "g.png")
+    assert out == tmp_path / "g.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot(res[1:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+CONFIG = """\
+name: room
+cleanroom: ws
+source:
+  git: /nowhere
+feature:
+  number: 78
+  name: dca
+  templates: templates/dca
+  marker: "// m"
+"""
+
+
+def test_gate_errors_name_what_is_missing(tmp_path: Path) -> None:
+    p = tmp_path / "dcaforge.yaml"
+    p.write_text(CONFIG)
+    with pytest.raises(GateError, match="declares no gates"):
+        run_gates(parse_config(p))
+    p.write_text(CONFIG + "gates:\n  - name: ext\n    kind: noop-below-chunk\n    recipe: tiny:qwen2\n")
+    with pytest.raises(GateError) as ei:
+        run_gates(parse_config(p), only=["nope"])
+    assert "no gate named 'nope'" in ei.value.message and ei.value.hint == "gates: ext"
+    r = CliRunner().invoke(app, ["gate", "-c", str(p)])
+    assert r.exit_code == 1 and "no clean room" in r.output
+
+
+def test_gate_json_shape(tmp_path: Path) -> None:
+    """The JSON the CLI writes: passed, gates (name, kind, passed, summary, metrics, points, seconds), plot."""
+    from dcaforge.gate import GateReport
+
+    rep = GateReport([GateResult("a", "off-identity", False, "logits differ", {"fa_on": {"identical": False}})],
+                     tmp_path, tmp_path / "results.json", None)
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["passed"] is False and d["plot"] is None
+    assert d["gates"][0] == {"name": "a", "kind": "off-identity", "passed": False, "summary": "logits differ",
+                             "metrics": {"fa_on": {"identical": False}}, "points": [], "seconds": 0.0}
