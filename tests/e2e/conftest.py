@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_helpers import CONFIG, WORKSPACE, Tree, _write_config, cmake_build, dcaforge, run
+from e2e_helpers import WORKSPACE, Tree, _write_config, dcaforge
 
 @pytest.fixture(scope="session")
 def cleanroom() -> Path:
@@ -25,27 +25,19 @@ def cleanroom() -> Path:
 
 @pytest.fixture(scope="session")
 def dca_tree(cleanroom: Path) -> Tree:
-    tree = Tree(cleanroom, cleanroom / "build")
-    cmake_build(tree.src, tree.build, ["llama", "test-backend-ops", "test-dca", "llama-perplexity"], "dca")
-    return tree
+    p = dcaforge("build", "--targets", "llama test-backend-ops test-dca llama-perplexity llama-passkey")
+    assert p.returncode == 0, f"dcaforge build failed:\n{p.stdout}\n{p.stderr[-4000:]}"
+    return Tree(cleanroom, cleanroom / "build")
 
 
 @pytest.fixture(scope="session")
 def base_tree(cleanroom: Path) -> Tree:
-    """The baseline (series applied, no feature) as a git worktree of the baseline tag."""
-    base = WORKSPACE / "baseline"
-    rev = run(["git", "-C", str(cleanroom), "rev-parse", "dcaforge/baseline"]).stdout.strip()
-    assert rev, "the clean room has no dcaforge/baseline tag"
-    if base.exists() and run(["git", "-C", str(base), "rev-parse", "HEAD"]).stdout.strip() != rev:
-        run(["git", "-C", str(cleanroom), "worktree", "remove", "--force", str(base)])
-        shutil.rmtree(base, ignore_errors=True)
-    if not base.exists():
-        run(["git", "-C", str(cleanroom), "worktree", "prune"])
-        p = run(["git", "-C", str(cleanroom), "worktree", "add", "--detach", str(base), rev])
-        assert p.returncode == 0, p.stderr
-    tree = Tree(base, base / "build")
-    cmake_build(tree.src, tree.build, ["llama"], "base")
-    return tree
+    """The baseline (series applied, no feature): `dcaforge build --baseline` builds it in the git
+    worktree <workspace>/upstream-baseline of the baseline tag."""
+    p = dcaforge("build", "--baseline", "--targets", "llama llama-perplexity llama-passkey")
+    assert p.returncode == 0, f"dcaforge build --baseline failed:\n{p.stdout}\n{p.stderr[-4000:]}"
+    base = WORKSPACE / "upstream-baseline"
+    return Tree(base, base / "build")
 
 
 @pytest.fixture(scope="session")

@@ -47,17 +47,28 @@ def dcaforge(command: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def _write_config() -> None:
-    """The built-in default (examples/upstream.yaml) with the workspace moved to cleanroom/e2e."""
-    text = (REPO / "examples" / "upstream.yaml").read_text()
-    lines = []
-    for line in text.splitlines():
-        if line.startswith("root:"):
-            line = f"root: {REPO}"
-        elif line.startswith("cleanroom:"):
-            line = f"cleanroom: {WORKSPACE}"
-        lines.append(line)
+    """The built-in default (examples/upstream.yaml) with the workspace moved to cleanroom/e2e and
+    the build set up as cmake_flags() says (portable, static, tests and tools, ccache), plus a smoke
+    run of the extension gate's machinery on a tiny model."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "examples" / "upstream.yaml").read_text())
+    data["root"] = str(REPO)
+    data["cleanroom"] = str(WORKSPACE)
+    defines = {}
+    for flag in cmake_flags():
+        if flag.startswith("-D") and "=" in flag and not flag.startswith("-DGGML_CCACHE"):
+            k, v = flag[2:].split("=", 1)
+            defines[k] = v
+    build = data.setdefault("build", {})
+    build["jobs"] = int(JOBS)
+    build.setdefault("cmake", {})["defines"] = defines
+    data.setdefault("gates", []).append({
+        "name": "extension-smoke", "kind": "extension", "recipe": "tiny:qwen2",
+        "text": str(REPO / "README.md"), "contexts": [256, 512, 1024],
+        "chunk": 192, "local": 32, "ppl_ratio_max": 100.0, "passkey_trials": 1})
     WORKSPACE.mkdir(parents=True, exist_ok=True)
-    CONFIG.write_text("\n".join(lines) + "\n")
+    CONFIG.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def build_env() -> dict:

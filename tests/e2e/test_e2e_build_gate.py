@@ -1,0 +1,37 @@
+"""`dcaforge build` and `dcaforge gate` on the real tree (the fixtures build with `dcaforge build`):
+a second build is a no-op, and the configured gates pass on the tiny models (off-identity against
+the baseline build, no-op below one chunk, and a smoke run of the extension gate's machinery)."""
+
+from __future__ import annotations
+
+import json
+
+from e2e_helpers import WORKSPACE, dcaforge
+
+TARGETS = "llama test-backend-ops test-dca llama-perplexity llama-passkey"
+
+
+def test_build_again_rebuilds_nothing(dca_tree):
+    p = dcaforge("build", "--targets", TARGETS)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "configure  up to date" in p.stdout and "(nothing to rebuild)" in p.stdout, p.stdout
+    assert (dca_tree.build / "bin" / "llama-passkey").is_file()
+
+
+def test_gates_pass_with_table_json_and_plot(e2e_env):
+    p = dcaforge("gate")
+    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+    out = WORKSPACE / "upstream-gates"
+    res = json.loads((out / "results.json").read_text())
+    assert res["passed"] is True
+    assert {g["name"] for g in res["gates"]} == {"off-identity", "noop-below-chunk", "extension-smoke"}
+    off = next(g for g in res["gates"] if g["kind"] == "off-identity")
+    assert off["metrics"]["fa_on"]["identical"] and off["metrics"]["fa_off"]["identical"]
+    ext = next(g for g in res["gates"] if g["kind"] == "extension")
+    assert [pt["ctx"] for pt in ext["points"]] == [256, 512, 1024]
+    assert all(pt["ppl_plain"] and pt["ppl_dca"] for pt in ext["points"])
+    assert (out / "gates.png").read_bytes()[:4] == b"\x89PNG"
+    assert "PASS" in p.stdout
+
+    p = dcaforge("gate", "--only", "noop-below-chunk", "--json")
+    assert p.returncode == 0 and [g["name"] for g in json.loads(p.stdout)["gates"]] == ["noop-below-chunk"]
