@@ -82,6 +82,15 @@ def test_first_error_of_real_cmake_failure(tmp_path: Path) -> None:
     assert "GGML_CUDA needs nvcc" in " ".join([d.message, *d.context])
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_first_error_of_real_nvcc(tmp_path: Path) -> None:
+    (tmp_path / "k.cu").write_text("__global__ void k(float * x) {\n    x[0] = undefined_name;\n}\n")
+    d = first_error(_out(["nvcc", "-c", "k.cu", "-o", "k.o"], tmp_path), base=tmp_path)
+    assert d is not None and (d.file, d.line) == (str(tmp_path / "k.cu"), 2)
+    assert d.message == 'identifier "undefined_name" is undefined'
+    assert d.context[0].strip() == "x[0] = undefined_name;"
+
+
 def test_first_error_of_nvcc_and_make_lines() -> None:
     # nvcc's own format (EDG front end), then GNU make's summary as the fallback
     d = first_error(["[3/9] Building CUDA object fattn-lse.cu.o", "FAILED: fattn-lse.cu.o",
