@@ -86,8 +86,39 @@ def dca_regimes(n: int, S: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return reg, qpos, p % c
 
 
-def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None) -> np.ndarray:
-    """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None."""
+# K/V cache types whose effect the reference can reproduce: the cache holds round-tripped K and V;
+# llama.cpp's CPU flash attention converts Q to K's vec_dot type (q8_0 for q8_0/q5_0/q4_0, q8_1
+# for q5_1 - the same values up to its f16 row sum - and bf16 for bf16) and accumulates V in f32
+# for these V types (f16 V accumulates in f16, which is not reproduced here).
+_QTYPES = {
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+EMULATED_CACHE_TYPES = tuple(_QTYPES)
+
+
+def _roundtrip(x: np.ndarray, type_name: str) -> np.ndarray:
+    """x [..., d] (d a multiple of 32) through type_name and back, as float64."""
+    from gguf import quants
+    if type_name in ("f32", "f16"):
+        return x.astype(np.float16 if type_name == "f16" else np.float32).astype(np.float64)
+    qt = _QTYPES[type_name]
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    return quants.dequantize(quants.quantize(x32, qt), qt).astype(np.float64).reshape(x.shape)
+
+
+def _q_vec_dot_type(k_type: str) -> str:
+    return k_type if k_type in ("bf16", "f16", "f32") else "q8_0"
+
+
+def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
+            cache_types: tuple[str, str] | None = None) -> np.ndarray:
+    """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
+    cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
+    such a cache (None: exact attention)."""
     spec = tiny.spec_for(arch)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -146,6 +177,9 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             if arch == "gemma4":
                 v = _rms(v, eps)
             k = _rope(k, kpos_dca if is_dca else pos, n_rot, base, neox, ff)
+            if cache_types is not None:
+                k = _roundtrip(k.reshape(n, Hkv * hd), cache_types[0]).reshape(n, Hkv, hd)
+                v = _roundtrip(v.reshape(n, Hkv * hd), cache_types[1]).reshape(n, Hkv, hd)
             kv[il] = (k, v)
         else:
             k, v = kv[n_layer_kv - (2 if swa else 1)]
@@ -162,6 +196,8 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             kq_scale = 1.0
         else:
             kq_scale = 1.0 / np.sqrt(hd)
+        if cache_types is not None:
+            qs = [_roundtrip(qq, _q_vec_dot_type(cache_types[0])) for qq in qs]
 
         allowed = causal
         if swa:
