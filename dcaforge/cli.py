@@ -29,7 +29,7 @@ ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="dcaforge
 T = TypeVar("T")
 
 
-def _call(fn: Callable[[], T]) -> T:
+def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
     try:
         return fn()
     except DcaforgeError as exc:
@@ -43,8 +43,8 @@ def _call(fn: Callable[[], T]) -> T:
         err.print(f"  [bold]next:[/] {escape(str(hint))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("[bold yellow]interrupted[/]: the clean room is at the last completed step; "
-                  "`dcaforge apply --continue` resumes", markup=True)
+        err.print("[bold yellow]interrupted[/]: " + (interrupted or "the clean room is at the last completed step; "
+                  "`dcaforge apply --continue` resumes"), markup=True)
         raise typer.Exit(130) from None
 
 
@@ -249,7 +249,9 @@ def build(
 
     with bar:
         res = _call(lambda: do_build(cfg, cuda=cuda, baseline=baseline, targets=tgts or None, jobs=jobs,
-                                     hooks=BuildHooks(on_step=on_step, on_progress=on_progress)))
+                                     hooks=BuildHooks(on_step=on_step, on_progress=on_progress)),
+                    interrupted="the build was stopped; run the same `dcaforge build` again to resume (only what is "
+                                "left is built)")
     for s in res.steps:
         if s.skipped:
             out.print(f"{s.what:<10} up to date")
@@ -276,7 +278,7 @@ def gate(
     cfg = _config(config)
     hooks = GateHooks(on_gate=lambda g: err.print(f"[bold]gate[/] {escape(g.name)} ({g.kind})", markup=True),
                       on_step=lambda s: err.print(f"  {s}", markup=False))
-    rep = _call(lambda: run_gates(cfg, only=only or (), hooks=hooks))
+    rep = _call(lambda: run_gates(cfg, only=only or (), hooks=hooks), interrupted="the gates were stopped; no results written")
     if as_json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
     else:

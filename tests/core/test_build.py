@@ -407,3 +407,37 @@ def test_llamafile_backend_needs_cosmocc_then_runs_make_and_cuda_sh(tmp_path: Pa
     out = cfg.room / "o" / "cuda" / "ggml-cuda.so"
     assert cuda_step.what == "cuda.sh" and cuda_step.argv[-5:] == ("--clean", "--output", str(out), "--arch", "sm_86")
     assert out.read_text() == "module\n" and out in res.outputs
+
+
+@needs
+def test_ctrl_c_stops_the_whole_build_and_frees_the_room(tiny_room, tmp_path: Path) -> None:
+    """A real SIGINT to `dcaforge build`: exit 130, the compiler's process group is gone, the log
+    says so, the lock is released (a second build runs)."""
+    import signal
+    import sys
+    import time
+
+    cfg = tiny_room
+    pidfile = tmp_path / "slow.pid"
+    cm = cfg.room / "CMakeLists.txt"
+    (cfg.room / "slow.sh").write_text(f"echo $$ > {pidfile}\nexec sleep 60\n")
+    cm.write_text(cm.read_text() + "add_custom_target(slow COMMAND sh ${CMAKE_SOURCE_DIR}/slow.sh)\n")
+    proc = subprocess.Popen([sys.executable, "-c", "from dcaforge.cli import main; main()", "build", "-c", str(cfg.path),
+                             "--targets", "slow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    slow = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    _out_, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "the build was stopped" in err
+    time.sleep(0.5)
+    stat = Path(f"/proc/{slow}/stat")
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z", stat.read_text()  # gone (or a zombie)
+    log = sorted((cfg.room / ".git" / "dcaforge" / "logs").glob("build-feature-*.log"))[-1]
+    assert log.read_text().rstrip().endswith("# interrupted")
+    assert not (cfg.workspace / "room.lock").exists()
+    cm.write_text(TINY_CMAKE.replace("src/b.c)", "src/b.c src/feature.c)"))
+    assert bmod.build(cfg, targets=["hello"]).steps[-1].what == "build"
