@@ -325,6 +325,12 @@ def test_build_rebuild_change_failure_and_baseline(tiny_room, tmp_path: Path) ->
     assert not (wt / "src" / "feature.c").exists() and "feature.c" not in (wt / "CMakeLists.txt").read_text()
     # the room itself is unchanged by it
     assert (cfg.room / "src" / "feature.c").exists()
+    # the room made again (its worktree records gone): the worktree is re-added, its build kept
+    (wt / "build" / "keep.txt").write_text("kept")
+    shutil.rmtree(cfg.room / ".git" / "worktrees")
+    res = bmod.build(cfg, baseline=True, targets=["hello"])
+    assert (wt / "build" / "keep.txt").read_text() == "kept" and res.steps[0].skipped
+    assert subprocess.run(["git", "status", "--porcelain"], check=False, cwd=wt, capture_output=True, text=True).stdout == ""
     # a folder in the way that is not our worktree is refused
     shutil.rmtree(wt)
     wt.mkdir()
