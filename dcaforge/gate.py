@@ -337,9 +337,9 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         c.step(f"{g.name}: perplexity {'DCA' if with_dca else 'plain'} at {ctx}")
         argv: list[str | os.PathLike[str]] = [ppl_exe, "-m", model, "-f", text, "-c", str(ctx), "-b", str(min(ctx, 2048)), "--chunks", "1",
                 "-t", str(threads), *extra, *(dca if with_dca else [])]
-        # the patched llama-perplexity now and then exits 0 without the tail of its output (no
-        # "Final estimate"; seen in 1 of 3..8 plain runs on the 2-core machine, never on the
-        # baseline build): run again, at most RETRIES times
+        # llama-perplexity (upstream too: baseline and patched builds alike) now and then exits 0
+        # without the tail of its output (no "[1]...", no "Final estimate"; 1 in 3 to 20 runs on the
+        # loaded 2-core machine): run again, at most RETRIES times
         for attempt in range(RETRIES):
             out = c.run(argv, f"ppl-{'dca' if with_dca else 'plain'}-{ctx}" + (f"-retry{attempt}" if attempt else ""),
                         check=False)
