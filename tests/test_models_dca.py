@@ -50,6 +50,7 @@ from tests.models import build_logits, tiny  # noqa: E402
 
 ARCHS = list(tiny.ARCHS)
 SWA_ARCHS = list(tiny.SWA_ARCHS)
+SHIFT_ARCHS = [a for a in ARCHS if a != "gemma4"]   # archs with a one-layer variant
 N_VOCAB = tiny.N_VOCAB
 
 S, W = 192, 32
@@ -89,6 +90,8 @@ def models_dir(tmp_path_factory) -> Path:
         tiny.ensure(str(d), arch)
     for arch in SWA_ARCHS:
         tiny.ensure(str(d), arch, "zero-global")
+    for arch in SHIFT_ARCHS:
+        tiny.ensure(str(d), arch, "one-layer")
     return d
 
 
@@ -135,19 +138,20 @@ class Runner:
     def run(self, exe: str, model: str, n_tokens: int, *, ub: int = UB, fa: bool = True,
             ctk: str = "f16", ctv: str = "f16", dca: bool | None = None, chunk: int = S,
             local: int = W, n_seq: int = 1, n_batch: int | None = None, seed: int = SEED,
-            env: dict[str, str] | None = None) -> tuple[Path, np.ndarray]:
+            env: dict[str, str] | None = None, extra: tuple[str, ...] = (), n_ctx: int | None = None,
+            rows: int | None = None) -> tuple[Path, np.ndarray]:
         """Returns (file, logits [n_seq, n_tokens, n_vocab]). dca None: pass no --dca flags."""
         key = (exe, model, n_tokens, ub, fa, ctk, ctv, dca, chunk if dca else None,
-               local if dca else None, n_seq, n_batch, seed, tuple(sorted((env or {}).items())))
+               local if dca else None, n_seq, n_batch, seed, tuple(sorted((env or {}).items())), extra, n_ctx)
         if key in self.cache:
             return self.cache[key]
         self.n += 1
         out = self.outdir / f"run{self.n}.f32"
         nb = n_batch or max(n_tokens * n_seq, 1)
         cmd = [exe, "-m", model, "-o", str(out), "--seed", str(seed), "--n-tokens", str(n_tokens),
-               "-c", str(n_tokens * n_seq), "-b", str(nb), "-ub", str(ub),
+               "-c", str(n_ctx or n_tokens * n_seq), "-b", str(nb), "-ub", str(ub),
                "-fa", "on" if fa else "off", "-ctk", ctk, "-ctv", ctv, "-t", str(THREADS),
-               "--n-seq", str(n_seq)]
+               "--n-seq", str(n_seq), *extra]
         if dca is not None:
             cmd += ["--dca", "on" if dca else "off"]
             if dca:
@@ -157,8 +161,8 @@ class Runner:
         if r.returncode != 0:
             raise RunError(f"rc={r.returncode}: {' '.join(cmd)}\n{r.stderr[-3000:]}")
         info = json.loads(r.stdout.strip().splitlines()[-1])
-        assert info["n_vocab"] == N_VOCAB and info["n_tokens"] == n_tokens
-        x = np.fromfile(out, dtype="<f4").reshape(n_seq, n_tokens, N_VOCAB)
+        assert info["n_vocab"] == N_VOCAB
+        x = np.fromfile(out, dtype="<f4").reshape(n_seq, info["n_rows"], N_VOCAB)
         self.cache[key] = (out, x)
         return out, x
 
@@ -280,6 +284,35 @@ def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa, ct):
                           float(e[True][:C].max()), float(e[True][C:].max()), None))
     assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: 2 sequences vs 1 with DCA: {e[True].max():.3g} at position "
                                   f"{e[True].argmax()} (without DCA: {e[False].max():.3g}; tolerance {tol:.3g})")
+
+
+SHIFT_M, SHIFT_P, SHIFT_N = 100, 500, 700
+
+
+@pytest.mark.parametrize(("fa", "ct"), INV_CASES, ids=INV_IDS)
+@pytest.mark.parametrize("arch", SHIFT_ARCHS)
+def test_b_context_shift(runner, dca_exe, models_dir, arch, fa, ct):
+    """K-shift of DCA layers (cached K re-roped by ((p+d) mod c) - (p mod c) per cell): on a
+    one-layer model (a token's K and V depend on that token only) evaluate tokens [0, 500), remove
+    [0, 100) and shift [100, 500) to positions 0..399 (cells cross chunk boundaries), evaluate
+    [500, 700) at positions 400..599 (chunks 2 and 3): the logits equal a fresh evaluation of
+    tokens [100, 700) from position 0, as closely as upstream's own K-shift does without DCA."""
+    m = model(models_dir, arch, "one-layer")
+    e = {}
+    for d in (False, True):
+        _, sh = runner.run(dca_exe, m, SHIFT_N, n_batch=UB, fa=fa, ctk=ct, ctv=ct, dca=d, n_ctx=1024,
+                           extra=("--shift", str(SHIFT_M), "--shift-at", str(SHIFT_P)))
+        _, fr = runner.run(dca_exe, m, SHIFT_N, n_batch=UB, fa=fa, ctk=ct, ctv=ct, dca=d, n_ctx=1024,
+                           extra=("--skip", str(SHIFT_M)))
+        assert sh.shape[1] == SHIFT_N - SHIFT_P and fr.shape[1] == SHIFT_N - SHIFT_M
+        assert np.isfinite(sh).all()
+        e[d] = rel_err(sh[0], fr[0, SHIFT_P - SHIFT_M:])
+    tol = _inv_tol(e[False], fa)
+    _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}",
+                          f"one-layer model, context shift by -{SHIFT_M} vs fresh (without DCA: {e[False].max():.2g})",
+                          float("nan"), float(e[True].max()), None))
+    assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: shifted vs fresh with DCA: {e[True].max():.3g} at row {e[True].argmax()} "
+                                  f"(without DCA: {e[False].max():.3g}; tolerance {tol:.3g})")
 
 
 @pytest.mark.parametrize("fa", [True, False], ids=["fa-on", "fa-off"])

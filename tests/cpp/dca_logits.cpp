@@ -7,7 +7,8 @@
 // -DDCA enables the --dca* options, which set llama_context_params fields that only the
 // patched (0078-dca) llama.h has.
 //
-// Output: raw little-endian f32, n_seq x n_tokens x n_vocab, row-major (sequence, position, vocab).
+// Output: raw little-endian f32, n_seq x n_rows x n_vocab, row-major (sequence, position, vocab);
+// n_rows = n_tokens, or n_tokens - P with --shift M --shift-at P.
 // stdout: one line of JSON with n_tokens, n_vocab, n_seq, n_ctx and the settings used.
 // Exit codes: 0 ok, 1 usage, 2 model/context creation failed, 3 decode failed,
 // 4 non-finite logits (only with --check-finite).
@@ -48,6 +49,10 @@ static void usage(const char * argv0) {
         "                         unified cache (default 1); the output holds all K\n"
         "  --swa-full             full-size SWA cache\n"
         "  --check-finite         exit 4 if any logit is NaN/inf\n"
+        "  --skip M               drop the first M tokens of the sequence (after generating/reading it)\n"
+        "  --shift M --shift-at P context-shift test (n-seq 1): evaluate tokens [0, P), remove [0, M) from\n"
+        "                         the cache, shift [M, P) by -M (llama_memory_seq_rm/seq_add), then\n"
+        "                         evaluate [P, n) at positions P-M..n-M-1; the output holds those n-P rows\n"
         "  -v                     llama.cpp logs\n"
 #ifdef DCA
         "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
@@ -88,6 +93,9 @@ int main(int argc, char ** argv) {
     int      n_seq    = 1;
     bool     swa_full = false;
     bool     check_finite = false;
+    int      skip     = 0;
+    int      shift    = 0;
+    int      shift_at = 0;
 #ifdef DCA
     bool     dca      = false;
     int      dca_chunk = 0;
@@ -117,6 +125,9 @@ int main(int argc, char ** argv) {
         else if (a == "--n-seq")                    n_seq = std::stoi(next());
         else if (a == "--swa-full")                 swa_full = true;
         else if (a == "--check-finite")             check_finite = true;
+        else if (a == "--skip")                     skip = std::stoi(next());
+        else if (a == "--shift")                    shift = std::stoi(next());
+        else if (a == "--shift-at")                 shift_at = std::stoi(next());
         else if (a == "-v")                         g_verbose = true;
 #ifdef DCA
         else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
@@ -160,8 +171,16 @@ int main(int argc, char ** argv) {
             tokens.push_back((llama_token) ((s >> 33) & 0xff));
         }
     }
+    if (skip > 0) {
+        if (skip >= (int) tokens.size()) { fprintf(stderr, "error: --skip %d >= n_tokens\n", skip); return 1; }
+        tokens.erase(tokens.begin(), tokens.begin() + skip);
+    }
     const int n = (int) tokens.size();
     if (n_ctx <= 0) n_ctx = n * n_seq;
+    if (shift > 0 && (n_seq != 1 || shift_at <= shift || shift_at >= n)) {
+        fprintf(stderr, "error: --shift needs --n-seq 1 and 0 < M < P < n_tokens\n");
+        return 1;
+    }
 
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = n_ctx;
@@ -194,35 +213,58 @@ int main(int argc, char ** argv) {
     const int step = n_batch / n_seq;
     if (step < 1) { fprintf(stderr, "error: n_batch < n_seq\n"); return 1; }
 
-    std::vector<float> out((size_t) n_seq * n * n_vocab);
+    // rows of the output: all positions, or with --shift only the tokens evaluated after the shift
+    const int row0 = shift > 0 ? shift_at : 0;
+    std::vector<float> out((size_t) n_seq * (n - row0) * n_vocab);
     llama_batch batch = llama_batch_init(step * n_seq, 0, 1);
     int rc = 0;
-    for (int p0 = 0; p0 < n && rc == 0; p0 += step) {
-        const int p1 = std::min(n, p0 + step);
-        batch.n_tokens = 0;
-        for (int p = p0; p < p1; ++p) {
-            for (int s = 0; s < n_seq; ++s) {
-                const int k = batch.n_tokens++;
-                batch.token[k]     = tokens[p];
-                batch.pos[k]       = p;
-                batch.n_seq_id[k]  = 1;
-                batch.seq_id[k][0] = s;
-                batch.logits[k]    = 1;
+
+    // evaluate tokens [t0, t1) at positions t - pos_off; rows >= row0 are kept
+    auto eval = [&](int t0, int t1, int pos_off) {
+        for (int p0 = t0; p0 < t1 && rc == 0; p0 += step) {
+            const int p1 = std::min(t1, p0 + step);
+            batch.n_tokens = 0;
+            for (int p = p0; p < p1; ++p) {
+                for (int s = 0; s < n_seq; ++s) {
+                    const int k = batch.n_tokens++;
+                    batch.token[k]     = tokens[p];
+                    batch.pos[k]       = p - pos_off;
+                    batch.n_seq_id[k]  = 1;
+                    batch.seq_id[k][0] = s;
+                    batch.logits[k]    = p >= row0;
+                }
+            }
+            const int ret = llama_decode(ctx, batch);
+            if (ret != 0) {
+                fprintf(stderr, "error: llama_decode failed (%d) at tokens %d..%d\n", ret, p0, p1 - 1);
+                rc = 3;
+                return;
+            }
+            for (int k = 0; k < batch.n_tokens; ++k) {
+                if (!batch.logits[k]) continue;
+                const float * l = llama_get_logits_ith(ctx, k);
+                if (!l) { fprintf(stderr, "error: no logits for batch index %d\n", k); rc = 3; return; }
+                const int s = batch.seq_id[k][0];
+                const int r = batch.pos[k] + pos_off - row0;
+                memcpy(&out[((size_t) s * (n - row0) + r) * n_vocab], l, sizeof(float) * n_vocab);
             }
         }
-        const int ret = llama_decode(ctx, batch);
-        if (ret != 0) {
-            fprintf(stderr, "error: llama_decode failed (%d) at positions %d..%d\n", ret, p0, p1 - 1);
-            rc = 3;
-            break;
+    };
+
+    if (shift > 0) {
+        eval(0, shift_at, 0);
+        if (rc == 0) {
+            llama_memory_t mem = llama_get_memory(ctx);
+            if (!llama_memory_seq_rm(mem, 0, 0, shift)) {
+                fprintf(stderr, "error: llama_memory_seq_rm failed\n");
+                rc = 3;
+            } else {
+                llama_memory_seq_add(mem, 0, shift, shift_at, -shift);
+                eval(shift_at, n, shift);
+            }
         }
-        for (int k = 0; k < batch.n_tokens; ++k) {
-            const float * l = llama_get_logits_ith(ctx, k);
-            if (!l) { fprintf(stderr, "error: no logits for batch index %d\n", k); rc = 3; break; }
-            const int s = batch.seq_id[k][0];
-            const int p = batch.pos[k];
-            memcpy(&out[((size_t) s * n + p) * n_vocab], l, sizeof(float) * n_vocab);
-        }
+    } else {
+        eval(0, n, 0);
     }
     llama_batch_free(batch);
 
@@ -239,13 +281,13 @@ int main(int argc, char ** argv) {
     for (float v : out) n_nonfinite += !std::isfinite(v);
     if (rc == 0 && check_finite && n_nonfinite) rc = 4;
 
-    printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"n_seq\": %d, \"n_ctx\": %u, \"n_batch\": %d, \"n_ubatch\": %d, "
+    printf("{\"n_tokens\": %d, \"n_rows\": %d, \"n_vocab\": %d, \"n_seq\": %d, \"n_ctx\": %u, \"n_batch\": %d, \"n_ubatch\": %d, "
            "\"flash_attn\": %s, \"type_k\": \"%s\", \"type_v\": \"%s\", \"nonfinite\": %zu"
 #ifdef DCA
            ", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d"
 #endif
            ", \"rc\": %d}\n",
-           n, n_vocab, n_seq, llama_n_ctx(ctx), n_batch, n_ubatch, fa ? "true" : "false",
+           n, n - row0, n_vocab, n_seq, llama_n_ctx(ctx), n_batch, n_ubatch, fa ? "true" : "false",
            ggml_type_name(ctk), ggml_type_name(ctv), n_nonfinite,
 #ifdef DCA
            dca ? "true" : "false", dca_chunk, dca_local,

@@ -115,11 +115,11 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
-            cache_types: tuple[str, str] | None = None) -> np.ndarray:
+            cache_types: tuple[str, str] | None = None, variant: str = "normal") -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
     such a cache (None: exact attention)."""
-    spec = tiny.spec_for(arch)
+    spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
     gemma = arch in ("gemma3", "gemma4")

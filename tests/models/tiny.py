@@ -15,7 +15,12 @@ Variant "zero-global": the attention output projection (attn_output) of every gl
 global layers, such a model must give the same logits with DCA on and off at any length. Only
 meaningful for gemma3 / gemma4 (for the other archs every layer is global).
 
-CLI: python -m tests.models.tiny OUTDIR [--arch A ...] [--variant normal|zero-global] [--seed N]
+Variant "one-layer": the first layer alone (gemma3: one global layer, no sliding window; not for
+gemma4, whose shared-KV layout needs four layers). With one layer the K and V of a token depend
+on that token only, so a context shift (cells removed and positions moved) must give exactly the
+cache a fresh evaluation at the new positions gives: the K-shift check of the DCA tests.
+
+CLI: python -m tests.models.tiny OUTDIR [--arch A ...] [--variant normal|zero-global|one-layer] [--seed N]
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 
 ARCHS = ("qwen2", "qwen3", "qwen3moe", "llama", "gemma3", "gemma4")
 SWA_ARCHS = ("gemma3", "gemma4")
-VARIANTS = ("normal", "zero-global")
+VARIANTS = ("normal", "zero-global", "one-layer")
 
 N_CTX_TRAIN = 256
 N_VOCAB = 258
@@ -131,6 +136,17 @@ class _Rng:
         return (scale * (1.0 + 0.1 * self.gen(name).standard_normal(n))).astype(np.float32)
 
 
+def spec_for_variant(arch: str, variant: str = "normal") -> Spec:
+    spec = spec_for(arch)
+    if variant == "one-layer":
+        if arch == "gemma4":
+            raise ValueError("no one-layer variant of gemma4 (shared-KV layers need n_layer >= 4)")
+        spec.n_layer = 1
+        spec.swa = []
+        spec.n_swa = 0
+    return spec
+
+
 def _is_swa(spec: Spec, il: int) -> bool:
     return bool(spec.swa) and spec.swa[il]
 
@@ -139,7 +155,7 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
     """Write the tiny model of `arch` to `path`; returns path."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")
-    spec = spec_for(arch)
+    spec = spec_for_variant(arch, variant)
     rng = _Rng(seed, arch)
     E, V, F = spec.n_embd, N_VOCAB, spec.n_ff
 
@@ -162,7 +178,7 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
         w.add_expert_feed_forward_length(spec.n_ff_exp)
-    if arch == "gemma3":
+    if arch == "gemma3" and spec.n_swa:
         w.add_sliding_window(spec.n_swa)
         w.add_sliding_window_pattern(2)          # layer i slides if i % 2 < 1
         w.add_rope_freq_base_swa(spec.rope_base)
@@ -287,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     for arch in a.arch or ARCHS:
         for variant in a.variant or ["normal"]:
             if variant == "zero-global" and arch not in SWA_ARCHS:
+                continue
+            if variant == "one-layer" and arch == "gemma4":
                 continue
             path = model_path(a.outdir, arch, variant)
             build(arch, path, variant, a.seed)
