@@ -448,7 +448,8 @@ def build(cfg: Config, *, cuda: bool = False, baseline: bool = False, targets: S
 
 def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bool, ccache: bool,
                          nvcc: str | None = None) -> list[str]:
-    """The cmake configure command line (defaults, then the config's defines, then CUDA)."""
+    """The cmake configure command line (defaults, then the config's defines, then CUDA and the
+    config's cuda_defines)."""
     c = cfg.build.cmake
     defines = dict(DEFAULT_DEFINES)
     defines["GGML_CCACHE"] = "ON" if ccache else "OFF"
@@ -456,6 +457,7 @@ def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bo
     if cuda:
         defines["GGML_CUDA"] = "ON"
         defines["CMAKE_CUDA_ARCHITECTURES"] = c.cuda_architectures
+        defines.update(dict(c.cuda_defines))
         if nvcc:
             defines.setdefault("CMAKE_CUDA_COMPILER", nvcc)
     return ["cmake", "-S", str(source), "-B", str(build_dir), "-G", c.generator,

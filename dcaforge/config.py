@@ -82,6 +82,7 @@ class CmakeBuildConfig:
     dir: str = "build"              # relative to the tree (clean room or baseline worktree)
     cuda_dir: str = "build-cuda"    # the --cuda build's folder, same base
     defines: tuple[tuple[str, str], ...] = ()  # extra -D NAME=VALUE, over build.DEFAULT_DEFINES
+    cuda_defines: tuple[tuple[str, str], ...] = ()  # more -D for the --cuda build only
     cuda_architectures: str = "86;90"
     targets: tuple[str, ...] = ()   # () = cmake's default target (everything)
 
@@ -292,19 +293,25 @@ def _parse_build(top: Reader) -> BuildConfig:
         raise b.error("jobs", f"'build.jobs' must be at least 1, got {jobs}")
 
     c = b.sub("cmake")
-    c.check_keys({"generator", "dir", "cuda_dir", "defines", "cuda_architectures", "targets"})
-    d = c.sub("defines")
-    defines: list[tuple[str, str]] = []
-    for k in d.data:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-            raise d.error(k, f"'{d.key(k)}' is not a CMake variable name")
-        defines.append((k, _define_value(d, k, d.data[k])))
+    c.check_keys({"generator", "dir", "cuda_dir", "defines", "cuda_defines", "cuda_architectures", "targets"})
+
+    def read_defines(key: str) -> tuple[tuple[str, str], ...]:
+        d = c.sub(key)
+        out: list[tuple[str, str]] = []
+        for k in d.data:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                raise d.error(k, f"'{d.key(k)}' is not a CMake variable name")
+            out.append((k, _define_value(d, k, d.data[k])))
+        return tuple(out)
+
+    defines = read_defines("defines")
     archs = c.get("cuda_architectures", (str, int), default="86;90")
     cmake = CmakeBuildConfig(
         generator=c.get("generator", str, default="Ninja"),
         dir=_clean_relpath(c, "dir", c.get("dir", str, default="build")),
         cuda_dir=_clean_relpath(c, "cuda_dir", c.get("cuda_dir", str, default="build-cuda")),
-        defines=tuple(defines),
+        defines=defines,
+        cuda_defines=read_defines("cuda_defines"),
         cuda_architectures=str(archs),
         targets=_str_list(c, "targets"),
     )

@@ -133,6 +133,7 @@ def test_build_config_defaults_and_values(tmp_path: Path) -> None:
           jobs: 2
           cmake:
             defines: {GGML_NATIVE: OFF, GGML_CUDA_FA: ON, N: 3}
+            cuda_defines: {GGML_CUDA_FA_ALL_QUANTS: ON, GGML_NATIVE: ON}
             cuda_architectures: 90
             targets: [llama, llama-perplexity]
         """)
@@ -141,8 +142,11 @@ def test_build_config_defaults_and_values(tmp_path: Path) -> None:
     assert cfg.build.cmake.cuda_architectures == "90"
     args = bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=True, ccache=False, nvcc="/x/nvcc")
     assert args[:7] == ["cmake", "-S", "/s", "-B", "/b", "-G", "Ninja"]
-    assert "-DGGML_NATIVE=OFF" in args and "-DBUILD_SHARED_LIBS=OFF" in args and "-DGGML_CCACHE=OFF" in args
+    assert "-DBUILD_SHARED_LIBS=OFF" in args and "-DGGML_CCACHE=OFF" in args
     assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args and "-DCMAKE_CUDA_COMPILER=/x/nvcc" in args
+    assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" in args and "-DGGML_NATIVE=ON" in args and "-DGGML_NATIVE=OFF" not in args
+    cpu = bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=False, ccache=True)
+    assert "-DGGML_NATIVE=OFF" in cpu and "-DGGML_CCACHE=ON" in cpu and not any("CUDA" in a for a in cpu)
 
 
 @pytest.mark.parametrize("extra, message, line", [
