@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import WORKSPACE, Tree, _write_config, dcaforge
+
 
 @pytest.fixture(scope="session")
 def cleanroom() -> Path:

@@ -63,6 +63,15 @@ def _write_config() -> None:
     build = data.setdefault("build", {})
     build["jobs"] = int(JOBS)
     build.setdefault("cmake", {})["defines"] = defines
+    # --cuda on a machine with nvcc but no GPU stack (CI): cuBLAS headers from PyPI and empty
+    # libraries in <workspace>/cuda-stubs (test_e2e_cuda_compile.cuda_stubs makes them), only the library
+    stubs = WORKSPACE / "cuda-stubs"
+    build["cmake"]["cuda_defines"] = {
+        "LLAMA_BUILD_TESTS": "OFF", "LLAMA_BUILD_TOOLS": "OFF", "LLAMA_BUILD_EXAMPLES": "OFF",
+        "CUDA_cublas_LIBRARY": str(stubs / "lib" / "libcublas.so"),
+        "CUDA_cublasLt_LIBRARY": str(stubs / "lib" / "libcublasLt.so"),
+        "CUDA_cuda_driver_LIBRARY": str(stubs / "lib" / "libcuda.so"),
+        "CMAKE_CUDA_FLAGS": f"-I{stubs / 'include'}"}
     data.setdefault("gates", []).append({
         "name": "extension-smoke", "kind": "extension", "recipe": "tiny:qwen2",
         "text": str(REPO / "README.md"), "contexts": [256, 512, 1024],

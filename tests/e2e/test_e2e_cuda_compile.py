@@ -5,14 +5,12 @@ sm_90 (H200). Objects only: this machine has no libcuda, and cuBLAS comes as hea
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
-from e2e_helpers import WORKSPACE, build_env, cmake_flags, run
+from e2e_helpers import WORKSPACE, dcaforge, run
 
 CUBLAS = "nvidia-cublas==13.0.0.19"
 OBJ = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/"
@@ -52,23 +50,10 @@ def cuda_stubs() -> Path:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (CI has it)")
 def test_cuda_sources_compile_sm86_sm90(cleanroom):
-    stubs = cuda_stubs()
+    cuda_stubs()
     build = cleanroom / "build-cuda"
-    logs = WORKSPACE / "logs"
-    env = build_env()
-    if not (build / "build.ninja").exists():
-        flags = [f for f in cmake_flags() if not f.startswith("-DGGML_A") and not f.startswith("-DGGML_F")]
-        p = run(["cmake", "-S", str(cleanroom), "-B", str(build), *flags, "-DGGML_CUDA=ON",
-                 "-DCMAKE_CUDA_ARCHITECTURES=86;90", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-                 "-DLLAMA_BUILD_EXAMPLES=OFF",
-                 f"-DCUDA_cublas_LIBRARY={stubs / 'lib' / 'libcublas.so'}",
-                 f"-DCUDA_cublasLt_LIBRARY={stubs / 'lib' / 'libcublasLt.so'}",
-                 f"-DCUDA_cuda_driver_LIBRARY={stubs / 'lib' / 'libcuda.so'}",
-                 f"-DCMAKE_CUDA_FLAGS=-I{stubs / 'include'}"],
-                env=env, log=logs / "cuda-cmake.log")
-        assert p.returncode == 0, f"see {logs / 'cuda-cmake.log'}\n{p.stdout[-2000:]}{p.stderr[-3000:]}"
-    p = run(["ninja", "-C", str(build), "-j2", *[OBJ + t for t in TARGETS]], env=env,
-            log=logs / "cuda-build.log", timeout=5400)
-    assert p.returncode == 0, f"CUDA compile failed, see {logs / 'cuda-build.log'}\n{p.stdout[-5000:]}"
+    # build.cmake.cuda_defines of the e2e config (e2e_helpers._write_config) point at the stubs
+    p = dcaforge("build", "--cuda", "-j", "2", "--targets", " ".join(OBJ + t for t in TARGETS))
+    assert p.returncode == 0, f"dcaforge build --cuda failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     for t in TARGETS:
         assert (build / OBJ / t).stat().st_size > 0
