@@ -157,6 +157,17 @@ def capture(
 
 
 @app.command()
+def templatize(config: ConfigOpt = None) -> None:
+    """Write the clean room's changes (against the baseline) back into the feature's templates."""
+    from .templatize import templatize as do_templatize
+
+    cfg = _config(config)
+    res = _call(lambda: do_templatize(cfg))
+    out.print(f"wrote {res.folder}: {res.files} new files, {res.edits} anchored edits in {res.edited_files} files")
+    out.print("next: dcaforge capture, then dcaforge verify --fresh-render")
+
+
+@app.command()
 def verify(
     file: Annotated[Path | None, typer.Argument(help="patch to verify (default: the feature's patch)")] = None,
     config: ConfigOpt = None,
