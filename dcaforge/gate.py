@@ -45,7 +45,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 #: Runs of llama-perplexity / llama-passkey whose output lost its tail are run again this many times.
-RETRIES = 5
+RETRIES = 8
 
 
 @dataclass
@@ -337,9 +337,10 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         c.step(f"{g.name}: perplexity {'DCA' if with_dca else 'plain'} at {ctx}")
         argv: list[str | os.PathLike[str]] = [ppl_exe, "-m", model, "-f", text, "-c", str(ctx), "-b", str(min(ctx, 2048)), "--chunks", "1",
                 "-t", str(threads), *extra, *(dca if with_dca else [])]
-        # llama-perplexity (upstream too: baseline and patched builds alike) now and then exits 0
-        # without the tail of its output (no "[1]...", no "Final estimate"; 1 in 3 to 20 runs on the
-        # loaded 2-core machine): run again, at most RETRIES times
+        # llama.cpp's common logger is leaked at exit and the tools do not call common_log_flush()
+        # (common/log.cpp, ggml-org/llama.cpp#22142), so the tail of the output (the "[1]..." and
+        # "Final estimate" lines) is now and then lost, exit status 0: in 1 of 2 to 20 runs on the
+        # loaded 2-core machine, baseline and patched builds alike. Run again, at most RETRIES times.
         for attempt in range(RETRIES):
             out = c.run(argv, f"ppl-{'dca' if with_dca else 'plain'}-{ctx}" + (f"-retry{attempt}" if attempt else ""),
                         check=False)
@@ -459,6 +460,8 @@ def plot(results: Sequence[GateResult], path: Path) -> Path | None:
             ys = [p.get(key) if p.get(key) is not None else float("nan") for p in r.points]
             ax_ppl.plot(ctx, ys, style, label=label)
         ax_ppl.set_xscale("log", base=2)
+        ax_ppl.set_xticks(ctx, [str(x) for x in ctx])
+        ax_ppl.minorticks_off()
         ax_ppl.set_yscale("log")
         ax_ppl.set_xlabel("context length (tokens)")
         ax_ppl.set_ylabel("perplexity")
