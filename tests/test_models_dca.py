@@ -339,29 +339,37 @@ def reference_logits(models_dir):
     from tests.models import reference
     cache = {}
 
-    def get(arch: str, dca: bool) -> np.ndarray:
-        if (arch, dca) not in cache:
+    def get(arch: str, dca: bool, sw: tuple[int, int] = (S, W)) -> np.ndarray:
+        key = (arch, dca, sw if dca else None)
+        if key not in cache:
             toks = reference.tokens_for(SEED, N_REF)
-            cache[(arch, dca)] = reference.forward(model(models_dir, arch), arch, toks, (S, W) if dca else None)
-        return cache[(arch, dca)]
+            cache[key] = reference.forward(model(models_dir, arch), arch, toks, sw if dca else None)
+        return cache[key]
     return get
 
 
+# (S, w): the defaults (c = 160: chunks 0..2 in 400 tokens), short chunks (c = 80: five chunks, many
+# inter keys), and c = 92 < w = 100 (allowed with a warning; succ never clamps)
+REF_SW = [(S, W), (100, 20), (192, 100)]
+
+
+@pytest.mark.parametrize("sw", REF_SW, ids=[f"S{a}-w{b}" for a, b in REF_SW])
 @pytest.mark.parametrize("fa", [False, True], ids=["fa-off", "fa-on"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_b_matches_numpy_reference(runner, dca_exe, models_dir, reference_logits, arch, fa):
+def test_b_matches_numpy_reference(runner, dca_exe, models_dir, reference_logits, arch, fa, sw):
     """f32 cache, 400 tokens: llama.cpp with DCA against tests/models/reference.py (a float64
     forward pass written from dca.md's regime table), no worse than llama.cpp without DCA
     against the same reference without DCA (which checks the reference itself)."""
     m = model(models_dir, arch)
-    _, on = runner.run(dca_exe, m, N_REF, fa=fa, ctk="f32", ctv="f32", dca=True)
+    c = sw[0] - sw[1]
+    _, on = runner.run(dca_exe, m, N_REF, fa=fa, ctk="f32", ctv="f32", dca=True, chunk=sw[0], local=sw[1])
     _, off = runner.run(dca_exe, m, N_REF, fa=fa, ctk="f32", ctv="f32", dca=False)
-    e_on = rel_err(on[0], reference_logits(arch, True))
+    e_on = rel_err(on[0], reference_logits(arch, True, sw))
     e_off = rel_err(off[0], reference_logits(arch, False))
     tol = max(1e-3 if not fa else 1e-2, 3 * e_off.max())
     _RESULTS["b"].append((arch, "on" if fa else "off",
-                          f"f32 cache, {N_REF} tokens: vs numpy DCA reference (without DCA vs reference: {e_off.max():.2g})",
-                          float(e_on[:C].max()), float(e_on[C:].max()), None))
+                          f"f32 cache, {N_REF} tokens, S={sw[0]} w={sw[1]}: vs numpy DCA reference (without DCA vs reference: "
+                          f"{e_off.max():.2g})", float(e_on[:c].max()), float(e_on[c:].max()), None))
     assert e_off.max() < (1e-3 if not fa else 1e-2), f"{arch}: the reference itself is off by {e_off.max():.3g} without DCA"
     assert e_on.max() < tol, (f"{arch} fa={fa}: DCA vs numpy reference: {e_on.max():.3g} at position {e_on.argmax()} "
                               f"(positions < c: {e_on[:C].max():.3g}, >= c: {e_on[C:].max():.3g}; tolerance {tol:.3g})")
