@@ -17,7 +17,10 @@ Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S 
       the same comparison gives without DCA); with an f32 cache the logits match a float64 numpy
       forward pass with DCA written from dca.md (tests/models/reference.py); gemma3/gemma4 models
       whose global layers have a zero attention output projection give the same logits with DCA
-      on and off at any length (the sliding layers are untouched by DCA).
+      on and off at any length (the sliding layers are untouched by DCA); a context shift on
+      one-layer models equals a fresh evaluation; DCA state files reload exactly and are refused
+      by other settings and by upstream (--dca off states are byte-identical to upstream's).
+      Also: impossible --dca* values fail at context creation naming the flag.
   (c) --dca off on the patched build is byte-identical to the unpatched build (FA on and off).
   (d) quantized caches at 800 tokens with FA on, three token sequences, six archs: the argmax
       disagreement of type+DCA against f16+DCA is no larger than that of type against f16
@@ -201,6 +204,20 @@ def test_a_auto_sizes_are_three_quarters_and_one_eighth(runner, dca_exe, models_
     assert np.array_equal(auto, expl), f"{arch}: auto sizes differ from S=192 w=32: rel {rel_err(auto, expl).max():.3g}"
 
 
+@pytest.mark.parametrize(("args", "flag"), [
+    (("--dca-chunk-size", "192", "--dca-local-size", "192"), "--dca-local-size"),
+    (("--dca-chunk-size", "192", "--dca-local-size", "-1"), "--dca-local-size"),
+    (("--dca-chunk-size", "-5", "--dca-local-size", "0"), "--dca-chunk-size"),
+    (("--dca-chunk-size", "300", "--dca-local-size", "32"), "--dca-chunk-size"),
+    (("--dca-yarn-factor", "-1"), "--dca-yarn-factor"),
+], ids=["w-eq-S", "w-negative", "S-negative", "S-above-trained", "yarn-negative"])
+def test_a_impossible_values_fail_at_context_creation(dca_exe, models_dir, args, flag):
+    r = subprocess.run([dca_exe, "-m", model(models_dir, "qwen2"), "-o", os.devnull, "--n-tokens", "8", "--dca", "on", *args],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2, f"{args}: expected a context creation failure, rc={r.returncode}\n{r.stderr[-2000:]}"
+    assert flag in r.stderr, f"{args}: the error does not name {flag}:\n{r.stderr[-2000:]}"
+
+
 # ----------------------------------------------------------------------------- (b) past one chunk
 
 @pytest.mark.parametrize("fa", [True, False], ids=["fa-on", "fa-off"])
@@ -373,6 +390,44 @@ def test_b_matches_numpy_reference(runner, dca_exe, models_dir, reference_logits
     assert e_off.max() < (1e-3 if not fa else 1e-2), f"{arch}: the reference itself is off by {e_off.max():.3g} without DCA"
     assert e_on.max() < tol, (f"{arch} fa={fa}: DCA vs numpy reference: {e_on.max():.3g} at position {e_on.argmax()} "
                               f"(positions < c: {e_on[:C].max():.3g}, >= c: {e_on[C:].max():.3g}; tolerance {tol:.3g})")
+
+
+def _run_state(exe: str, model_path: str, out: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [exe, "-m", model_path, "-o", str(out), "--seed", str(SEED), "--n-tokens", "400", "-c", "512", "-b", str(UB),
+           "-ub", str(UB), "-fa", "on", "-t", str(THREADS), "--state-at", "300", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+DCA_ON = ("--dca", "on", "--dca-chunk-size", str(S), "--dca-local-size", str(W))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_b_state_files(dca_exe, base_exe, models_dir, tmp_path, arch):
+    """A state saved with DCA on reloads with the same setting (same logits afterwards, bit for
+    bit) and is refused, with a message naming --dca, by a context with DCA off, another S or
+    another w, and by upstream; a state saved with --dca off is byte-identical to upstream's and
+    loads both ways."""
+    m = model(models_dir, arch)
+    st_on, st_off, st_base = tmp_path / "on.state", tmp_path / "off.state", tmp_path / "base.state"
+    r = _run_state(dca_exe, m, tmp_path / "a.f32", *DCA_ON, "--state-save", str(st_on))
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run_state(dca_exe, m, tmp_path / "b.f32", *DCA_ON, "--state-load", str(st_on))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "a.f32").read_bytes() == (tmp_path / "b.f32").read_bytes(), "logits after reloading a DCA state differ"
+    for other in (("--dca", "off"), ("--dca", "on", "--dca-chunk-size", "128", "--dca-local-size", str(W)),
+                  ("--dca", "on", "--dca-chunk-size", str(S), "--dca-local-size", "16")):
+        r = _run_state(dca_exe, m, tmp_path / "c.f32", *other, "--state-load", str(st_on))
+        assert r.returncode == 5, f"a state saved with {DCA_ON} was not refused by {other} (rc {r.returncode})"
+        assert "--dca" in r.stderr, f"the refusal does not name --dca:\n{r.stderr[-2000:]}"
+    r = _run_state(base_exe, m, tmp_path / "d.f32", "--state-load", str(st_on))
+    assert r.returncode == 5, "upstream loaded a state saved with --dca on"
+
+    assert _run_state(dca_exe, m, tmp_path / "e.f32", "--dca", "off", "--state-save", str(st_off)).returncode == 0
+    assert _run_state(base_exe, m, tmp_path / "f.f32", "--state-save", str(st_base)).returncode == 0
+    assert st_off.read_bytes() == st_base.read_bytes(), "a --dca off state file differs from upstream's"
+    assert _run_state(base_exe, m, tmp_path / "g.f32", "--state-load", str(st_off)).returncode == 0
+    assert _run_state(dca_exe, m, tmp_path / "h.f32", "--dca", "off", "--state-load", str(st_base)).returncode == 0
+    assert (tmp_path / "g.f32").read_bytes() == (tmp_path / "f.f32").read_bytes() == (tmp_path / "h.f32").read_bytes()
 
 
 # ----------------------------------------------------------------------------- (c) bit-identity

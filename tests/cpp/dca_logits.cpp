@@ -11,7 +11,7 @@
 // n_rows = n_tokens, or n_tokens - P with --shift M --shift-at P.
 // stdout: one line of JSON with n_tokens, n_vocab, n_seq, n_ctx and the settings used.
 // Exit codes: 0 ok, 1 usage, 2 model/context creation failed, 3 decode failed,
-// 4 non-finite logits (only with --check-finite).
+// 4 non-finite logits (only with --check-finite), 5 state file refused (--state-load).
 
 #include "llama.h"
 #include "ggml.h"
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -53,6 +54,9 @@ static void usage(const char * argv0) {
         "  --shift M --shift-at P context-shift test (n-seq 1): evaluate tokens [0, P), remove [0, M) from\n"
         "                         the cache, shift [M, P) by -M (llama_memory_seq_rm/seq_add), then\n"
         "                         evaluate [P, n) at positions P-M..n-M-1; the output holds those n-P rows\n"
+        "  --state-at P --state-save FILE   evaluate [0, P), llama_state_save_file, evaluate [P, n)\n"
+        "  --state-at P --state-load FILE   llama_state_load_file (exit 5 if refused), evaluate [P, n);\n"
+        "                         both output the n-P rows of [P, n)\n"
         "  -v                     llama.cpp logs\n"
 #ifdef DCA
         "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
@@ -96,6 +100,8 @@ int main(int argc, char ** argv) {
     int      skip     = 0;
     int      shift    = 0;
     int      shift_at = 0;
+    int      state_at = 0;
+    std::string state_save, state_load;
 #ifdef DCA
     bool     dca      = false;
     int      dca_chunk = 0;
@@ -128,6 +134,9 @@ int main(int argc, char ** argv) {
         else if (a == "--skip")                     skip = std::stoi(next());
         else if (a == "--shift")                    shift = std::stoi(next());
         else if (a == "--shift-at")                 shift_at = std::stoi(next());
+        else if (a == "--state-at")                 state_at = std::stoi(next());
+        else if (a == "--state-save")               state_save = next();
+        else if (a == "--state-load")               state_load = next();
         else if (a == "-v")                         g_verbose = true;
 #ifdef DCA
         else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
@@ -181,6 +190,11 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "error: --shift needs --n-seq 1 and 0 < M < P < n_tokens\n");
         return 1;
     }
+    const bool state_mode = !state_save.empty() || !state_load.empty();
+    if (state_mode && (shift > 0 || state_at <= 0 || state_at >= n || (!state_save.empty() && !state_load.empty()))) {
+        fprintf(stderr, "error: --state-save or --state-load (one) needs 0 < --state-at < n_tokens and no --shift\n");
+        return 1;
+    }
 
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = n_ctx;
@@ -214,7 +228,7 @@ int main(int argc, char ** argv) {
     if (step < 1) { fprintf(stderr, "error: n_batch < n_seq\n"); return 1; }
 
     // rows of the output: all positions, or with --shift only the tokens evaluated after the shift
-    const int row0 = shift > 0 ? shift_at : 0;
+    const int row0 = shift > 0 ? shift_at : state_mode ? state_at : 0;
     std::vector<float> out((size_t) n_seq * (n - row0) * n_vocab);
     llama_batch batch = llama_batch_init(step * n_seq, 0, 1);
     int rc = 0;
@@ -262,6 +276,25 @@ int main(int argc, char ** argv) {
                 llama_memory_seq_add(mem, 0, shift, shift_at, -shift);
                 eval(shift_at, n, shift);
             }
+        }
+    } else if (!state_save.empty()) {
+        eval(0, state_at, 0);
+        if (rc == 0 && !llama_state_save_file(ctx, state_save.c_str(), tokens.data(), state_at)) {
+            fprintf(stderr, "error: llama_state_save_file failed\n");
+            rc = 3;
+        }
+        if (rc == 0) eval(state_at, n, 0);
+    } else if (!state_load.empty()) {
+        std::vector<llama_token> saved(n);
+        size_t n_saved = 0;
+        if (!llama_state_load_file(ctx, state_load.c_str(), saved.data(), saved.size(), &n_saved)) {
+            fprintf(stderr, "error: llama_state_load_file refused %s\n", state_load.c_str());
+            rc = 5;
+        } else if ((int) n_saved != state_at || !std::equal(saved.begin(), saved.begin() + state_at, tokens.begin())) {
+            fprintf(stderr, "error: the state holds %zu tokens, not the first %d of this sequence\n", n_saved, state_at);
+            rc = 5;
+        } else {
+            eval(state_at, n, 0);
         }
     } else {
         eval(0, n, 0);
