@@ -4,8 +4,9 @@ Issue 3, tests 3 and 4. Every hooked architecture (tests/models/tiny.py) is eval
 tests/cpp/dca_logits.cpp linked against
   DCAFORGE_LLAMA_TREE / DCAFORGE_LLAMA_BUILD  the patched (0078-dca) llama.cpp and its cmake build
   DCAFORGE_BASE_TREE  / DCAFORGE_BASE_BUILD   unpatched upstream 0c1e57098 and its cmake build
-(static libraries: BUILD_SHARED_LIBS=OFF, target `llama` built). Tests that need a missing pair
-skip with the reason.
+(static libraries: BUILD_SHARED_LIBS=OFF, target `llama` built). When a pair is not set, the e2e
+fixtures build it: the shipped feature rendered by `dcaforge apply` and built by `dcaforge build`,
+and the baseline by `dcaforge build --baseline`.
 
 Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S - w = 160.
   (a) positions < c: --dca on equals --dca off within 1e-3 (max |a-b| / max |b| per position),
@@ -29,7 +30,7 @@ Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S 
       DCAFORGE_RESULTS).
 
 Run: DCAFORGE_LLAMA_TREE=... DCAFORGE_LLAMA_BUILD=... DCAFORGE_BASE_TREE=... DCAFORGE_BASE_BUILD=... \
-     python -m pytest -q tests/test_models_dca.py
+     python -m pytest -q tests/e2e/test_models_dca.py
 Threads: DCAFORGE_THREADS (default 2).
 """
 
@@ -45,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -75,11 +76,13 @@ _RESULTS: dict[str, list] = {"a": [], "b": [], "c": [], "d": [], "d2": []}
 
 # ----------------------------------------------------------------------------- fixtures
 
-def _env_pair(tree_var: str, build_var: str) -> tuple[str, str]:
+def _env_pair(request, tree_var: str, build_var: str) -> tuple[str, str]:
+    """The trees named by the environment, else the e2e fixtures' own builds of the shipped
+    feature (tests/e2e/conftest.py: dcaforge apply + dcaforge build [--baseline])."""
     tree, build = os.environ.get(tree_var), os.environ.get(build_var)
     if not tree or not build:
-        pytest.skip(f"{tree_var} and {build_var} are not both set "
-                    f"(a llama.cpp tree and its cmake build dir with static libs)")
+        request.getfixturevalue("e2e_env")
+        tree, build = os.environ[tree_var], os.environ[build_var]
     for p in (tree, build):
         if not os.path.isdir(p):
             pytest.skip(f"{p} does not exist")
@@ -99,16 +102,16 @@ def models_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def dca_exe() -> str:
-    tree, build = _env_pair("DCAFORGE_LLAMA_TREE", "DCAFORGE_LLAMA_BUILD")
+def dca_exe(request) -> str:
+    tree, build = _env_pair(request, "DCAFORGE_LLAMA_TREE", "DCAFORGE_LLAMA_BUILD")
     if not build_logits.tree_has_dca(tree):
         pytest.fail(f"{tree}/include/llama.h has no dca_chunk_size: not a 0078-dca tree")
     return build_logits.build(tree, build, dca=True)
 
 
 @pytest.fixture(scope="session")
-def base_exe() -> str:
-    tree, build = _env_pair("DCAFORGE_BASE_TREE", "DCAFORGE_BASE_BUILD")
+def base_exe(request) -> str:
+    tree, build = _env_pair(request, "DCAFORGE_BASE_TREE", "DCAFORGE_BASE_BUILD")
     return build_logits.build(tree, build, dca=False)
 
 
@@ -553,10 +556,10 @@ def write_results(path: Path) -> None:
                                                "DCAFORGE_BASE_TREE", "DCAFORGE_BASE_BUILD")}
     L = []
     L.append("# DCA on tiny random-weight models: measured results\n")
-    L.append(f"Written by `tests/test_models_dca.py` on {now}. Command:\n")
+    L.append(f"Written by `tests/e2e/test_models_dca.py` on {now}. Command:\n")
     L.append("```")
     L.append(" ".join(f"{k}={v}" for k, v in env.items() if v) + f" DCAFORGE_THREADS={THREADS} \\")
-    L.append("  python -m pytest -q tests/test_models_dca.py")
+    L.append("  python -m pytest -q tests/e2e/test_models_dca.py")
     L.append("```\n")
     L.append(f"Models: `python -m tests.models.tiny OUTDIR` (trained context 256, 258-token byte vocabulary). "
              f"DCA: S = {S}, w = {W}, c = {C}; tokens: BOS + {N_LONG - 1} pseudo-random bytes "
