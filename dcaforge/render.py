@@ -438,7 +438,10 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
     previous: dict[str, str] = state.get("rendered") or {}
     touched = set(p.outputs) | set(previous)
     if not force:
-        hand = [f for f in hand_edited_files(room, state) if f in touched]
+        # a file that already holds exactly what this render writes loses nothing (e.g. after
+        # `dcaforge templatize` turned the hand edits into templates)
+        hand = [f for f in hand_edited_files(room, state)
+                if f in touched and not (f in p.outputs and _current(room.path / f) == p.outputs[f])]
         if hand:
             raise SafetyError(f"rendering would overwrite hand edits in {', '.join(hand)}",
                               where=str(room.path),

@@ -79,3 +79,21 @@ def test_templatize_refuses_deleted_files(project) -> None:
     (cfg.room / "src/llama.cpp").unlink()
     with pytest.raises(DcaforgeError, match="deleted"):
         templatize(cfg)
+
+
+def test_render_after_templatize_is_not_blocked_by_the_templated_edits(project) -> None:
+    """The hand-edit guard must not fire for edits that templatize has turned into templates."""
+    from dcaforge.render import render
+
+    cfg = project.config
+    apply(cfg)
+    expected = _edit_room(cfg.room)
+    templatize(cfg)
+    res = render(cfg)
+    assert not res.written
+    for rel, text in expected.items():
+        assert (cfg.room / rel).read_text() == text
+    # a real hand edit made afterwards is still guarded
+    (cfg.room / "src/llama-new.cpp").write_text("changed by hand\n")
+    with pytest.raises(DcaforgeError, match="hand edits"):
+        render(cfg)
