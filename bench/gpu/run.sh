@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
-# Steps (any subset, in order): model build ops speed passkey ppl
+# Steps (any subset, in order): model build_bg wait_build build ops opsperf speed passkey_tune passkey ppl
 #   model    copy the carried model parts (cleanroom/gpu/part*) to ~/model and reassemble the GGUF
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90)
 #   ops      test-backend-ops: FLASH_ATTN_EXT_LSE against the CPU, and perf next to FLASH_ATTN_EXT
@@ -18,11 +18,11 @@ COMMON=(-m "$MODEL" -ngl 99 -fa on -b 2048 -ub 512)
 DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # 3/4 and 1/8 of the trained 32768
 YARN=(--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768)
 
-step_model() {
-    for p in cleanroom/gpu/part*; do [ -f "$p" ] && cp "$p" ~/model/; done
-    if ls ~/model/part00 ~/model/part01 ~/model/part02 ~/model/part03 >/dev/null 2>&1; then
-        cat ~/model/part00 ~/model/part01 ~/model/part02 ~/model/part03 > "$MODEL"
-        echo "$SHA  $MODEL" | sha256sum -c - && rm -f ~/model/part0*
+step_model() { # the model comes in pieces (cleanroom/gpu/pieceNM, 32 MB each: the repository travels too, 64 MiB in all)
+    for p in cleanroom/gpu/piece* cleanroom/gpu/part*; do [ -f "$p" ] && cp "$p" ~/model/; done
+    if [ "$(ls ~/model/piece* 2>/dev/null | wc -l)" = 8 ]; then
+        cat $(ls ~/model/piece* | sort) > "$MODEL"
+        echo "$SHA  $MODEL" | sha256sum -c - && rm -f ~/model/piece*
     fi
     ls -la ~/model
 }
@@ -56,68 +56,173 @@ step_build() {
 step_ops() {
     "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
     echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -5
-    "$BIN/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-perf-lse.log" 2>&1
-    "$BIN/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT > "$OUT/ops-perf-fa.log" 2>&1
-    "$BIN/test-dca" > "$OUT/test-dca.log" 2>&1; echo "test-dca rc=$?"; tail -3 "$OUT/test-dca.log"
+    # DCA's attention core on CUDA against the double-precision reference, and its time against plain FA
+    "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -2 "$OUT/test-dca-cuda.log"
+    DCA_TEST_THREADS=16 "$BIN/test-dca" perf-inputs > "$OUT/test-dca-inputs.log" 2>&1
+    echo "test-dca perf-inputs rc=$?"; grep "perf:" "$OUT/test-dca-inputs.log" | tail -6
+}
+
+step_opsperf() { # same shapes for both ops, as in RESULTS.md
+    local f='hsk=(64|128|256),hsv=(64|128|256),nh=8,nr23=\[4,1\]'
+    "$BIN/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT_LSE -p "$f" > "$OUT/ops-perf-lse.log" 2>&1
+    "$BIN/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p "$f" > "$OUT/ops-perf-fa.log" 2>&1
+    echo "ops perf rc=$?"
+}
+
+# the GPU memory in use, sampled every 100 ms while "$@" runs: prints the peak (MiB) to $OUT/mem-$tag.txt
+with_mem() {
+    local tag=$1; shift
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/mem-$tag.samples" 2>/dev/null &
+    local smi=$!
+    "$@"; local rc=$?
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    sort -n "$OUT/mem-$tag.samples" | tail -1 > "$OUT/mem-$tag.txt"; rm -f "$OUT/mem-$tag.samples"
+    return $rc
 }
 
 step_speed() {
-    for mode in plain dca; do
-        local extra=(); [ $mode = dca ] && extra=("${DCA[@]}")
-        "$BIN/llama-batched-bench" "${COMMON[@]}" "${extra[@]}" -c 135168 -npp 32768,131072 -ntg 128 -npl 1 \
-            > "$OUT/speed-$mode.log" 2>&1
-        echo "speed $mode rc=$?"; grep -E "^\|" "$OUT/speed-$mode.log"
-        grep -E "KV buffer size|compute buffer size|model buffer size" "$OUT/speed-$mode.log" | sed "s/^/  $mode: /"
+    # two rounds, alternating, so drift hits both; -lv 3 keeps llama's buffer sizes and graph splits in the log
+    local base; base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+    echo "idle GPU memory: $base MiB" | tee "$OUT/mem-idle.txt"
+    for round in 1 2; do
+        for mode in plain dca; do
+            local extra=(); [ $mode = dca ] && extra=("${DCA[@]}")
+            with_mem "$mode-$round" "$BIN/llama-batched-bench" "${COMMON[@]}" "${extra[@]}" -lv 3 -c 135168 \
+                -npp 32768,131072 -ntg 128 -npl 1 > "$OUT/speed-$mode-$round.log" 2>&1
+            echo "speed $mode round $round rc=$? peak GPU memory $(cat "$OUT/mem-$mode-$round.txt") MiB"
+            grep -E "^\|[ 0-9]" "$OUT/speed-$mode-$round.log"
+        done
     done
+    grep -hE "(KV|compute|model) buffer size|graph splits|DCA on" "$OUT/speed-plain-1.log" | sed "s/^/  plain: /"
+    grep -hE "(KV|compute|model) buffer size|graph splits|DCA on" "$OUT/speed-dca-1.log" | sed "s/^/  dca:   /"
+    return 0
 }
 
-passkey_one() { # name junk pos ctx_override extra...
-    local name=$1 junk=$2 pos=$3 ovr=$4; shift 4
-    local log="$OUT/passkey/$name-$pos.log"
+# a list of DCA settings: name and flags (S, w, temperature factor)
+dca_cfg() {
+    case $1 in
+        S24w4)    echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096" ;;
+        S24w4t)   echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096 --dca-yarn-factor $2" ;;
+        S32w4)    echo "--dca on --dca-chunk-size 32768 --dca-local-size 4096" ;;
+        S32w4t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 4096 --dca-yarn-factor $2" ;;
+        S32w8t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 8192 --dca-yarn-factor $2" ;;
+        S24w4tt)  echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096 --dca-yarn-factor $(awk "BEGIN{print $2*$2}")" ;;
+    esac
+}
+
+passkey_one() { # tsv name junk pos ctx_override extra...
+    local tsv=$1 name=$2 junk=$3 pos=$4 ovr=$5; shift 5
+    local log="$OUT/passkey/$name-$junk-$pos.log"
     "$BIN/llama-passkey" "${COMMON[@]}" --junk "$junk" --pos "$pos" --override-kv "gemma3.context_length=int:$ovr" "$@" \
         > "$log" 2>"$log.err"
     local rc=$?
-    local answer; answer=$(tr '\n' ' ' < "$log" | sed 's/.*The pass key is//' | head -c 40)
+    local answer; answer=$(tr '\n' ' ' < "$log" | sed 's/.*The pass key is//' | tr -d '\t' | head -c 40)
     local tokens; tokens=$(grep -o "prompt tokens: [0-9]*" "$log.err" | grep -o "[0-9]*$")
     local first; first=$(echo "$answer" | grep -oE "[0-9]+" | head -1)
     local exact=0; [ "$first" = "39384" ] && exact=1
-    printf "%s\t%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$junk" "$pos" "$tokens" "$answer" "$exact" "$rc" >> "$OUT/passkey.tsv"
+    local has=0; echo "$answer" | grep -q 39384 && has=1
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$junk" "$pos" "$tokens" "$answer" "$exact" "$has" "$rc" >> "$OUT/$tsv"
+    rm -f "$log.err"
+}
+export -f passkey_one dca_cfg
+export OUT BIN
+
+# runs the lines of a job file, $PAR at a time (one GPU: the runs share it; passkey scores do not depend on speed)
+run_jobs() {
+    local jobs=$1 par=${PAR:-4}
+    xargs -d '\n' -P "$par" -I{} bash -c "COMMON=(${COMMON[*]} -t 4 -tb 4); {}" < "$jobs"
+}
+
+summary() { # tsv
+    awk -F'\t' 'NR>1 {k=$1" junk "$2; n[k]++; e[k]+=$6; h[k]+=$7; t[k]=$4} END {for (k in n) printf "%-32s tokens~%6s exact %2d/%-2d contains %2d/%d\n", k, t[k], e[k], n[k], h[k], n[k]}' "$OUT/$1" | sort
+}
+
+# choosing DCA's chunk size, window and temperature on other lengths (~48k and ~101k tokens) and other positions than the
+# evaluation's, so the evaluation at ~70k and ~134k stays held out
+step_passkey_tune() {
+    mkdir -p "$OUT/passkey"
+    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey-tune.tsv"
+    : > ~/llb/jobs-tune
+    for spec in "2000 131072 1.5" "4200 262144 3.1"; do
+        set -- $spec; local junk=$1 ovr=$2 f=$3   # f: length / trained length, the Qwen2.5-1M temperature rule
+        for k in 1 3 5 7 9; do
+            local pos=$(( junk * k / 10 ))
+            for cfg in S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt; do
+                echo "passkey_one passkey-tune.tsv $cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-tune
+            done
+        done
+    done
+    run_jobs ~/llb/jobs-tune
+    summary passkey-tune.tsv
+    # the best setting over both lengths: 2 points per exact first answer, 1 per answer containing the key
+    # (ties: the earlier, simpler one in the list)
+    local best="" bs=-1
+    for c in S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt; do
+        local sc; sc=$(awk -F'\t' -v c=$c 'NR>1 && $1==c {s+=2*$6+$7} END {print s+0}' "$OUT/passkey-tune.tsv")
+        echo "$c score $sc"
+        if [ "$sc" -gt "$bs" ]; then best=$c; bs=$sc; fi
+    done
+    echo "$best" > "$OUT/passkey-best.txt"; cp "$OUT/passkey-best.txt" ~/llb/passkey-best.txt
+    echo "chosen: $best"
 }
 
 step_passkey() {
     mkdir -p "$OUT/passkey"
-    printf "name\tjunk\tpos\ttokens\tanswer\texact\trc\n" > "$OUT/passkey.tsv"
-    for spec in "64k 2900 131072" "128k 5600 262144"; do
-        set -- $spec; local len=$1 junk=$2 ovr=$3
+    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey.tsv"
+    local best; best=$(cat ~/llb/passkey-best.txt 2>/dev/null || echo S24w4)
+    : > ~/llb/jobs-eval
+    for k in 0 1 2 3 4 5 6 7 8 9; do   # plain inside the trained range (~16.9k tokens)
+        echo "passkey_one passkey.tsv plain 700 $(( 700 * (2 * k + 1) / 20 )) 32768" >> ~/llb/jobs-eval
+    done
+    for spec in "2900 131072 2.1" "5600 262144 4.1"; do
+        set -- $spec; local junk=$1 ovr=$2 f=$3
         for k in 0 1 2 3 4 5 6 7 8 9; do
             local pos=$(( junk * (2 * k + 1) / 20 ))
-            passkey_one "dca_$len" "$junk" "$pos" "$ovr" "${DCA[@]}"
-            passkey_one "yarn4_$len" "$junk" "$pos" "$ovr" "${YARN[@]}"
-            passkey_one "plain_$len" "$junk" "$pos" "$ovr"
+            echo "passkey_one passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-eval
+            echo "passkey_one passkey.tsv yarn4 $junk $pos $ovr ${YARN[*]}" >> ~/llb/jobs-eval
+            echo "passkey_one passkey.tsv dca-S24w4 $junk $pos $ovr \$(dca_cfg S24w4 $f)" >> ~/llb/jobs-eval
+            [ "$best" != S24w4 ] && echo "passkey_one passkey.tsv dca-$best $junk $pos $ovr \$(dca_cfg $best $f)" >> ~/llb/jobs-eval
         done
     done
-    awk -F'\t' 'NR>1 {n[$1]++; e[$1]+=$6} END {for (k in n) printf "%s %d/%d exact\n", k, e[k], n[k]}' "$OUT/passkey.tsv" | sort
+    run_jobs ~/llb/jobs-eval
+    summary passkey.tsv
 }
 
+# perplexity over the whole of one 1.4 MB text at every context (all its windows: 32 of 8k ... 2 of 128k), so each
+# context size scores the same text; plain vs YaRN x4 vs DCA, the runs in parallel (tokenizing takes ~30 s each)
+ppl_one() { # name ctx extra...
+    local name=$1 ctx=$2; shift 2
+    local log="$OUT/ppl/$name-$ctx.log"
+    "$BIN/llama-perplexity" "${COMMON[@]}" "$@" -f ~/llb/text.txt -c "$ctx" > "$log" 2>&1
+    local rc=$?
+    local ppl; ppl=$(grep -oE "Final estimate: PPL = [0-9.]+ \+/- [0-9.]+" "$log" | sed 's/Final estimate: PPL = //')
+    local first; first=$(grep -oE "\[1\][0-9.]+" "$log" | head -1 | sed 's/^\[1\]//')
+    local nch; nch=$(grep -oE "calculating perplexity over [0-9]+ chunks" "$log" | grep -oE "[0-9]+")
+    printf "%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$ctx" "$nch" "$first" "$ppl" "$rc" >> "$OUT/ppl.tsv"
+}
+export -f ppl_one
+
 step_ppl() {
-    # the baseline's text: the first bytes of llama.cpp's own src/*.cpp, upstream files only
-    ls ~/llb/src/src/*.cpp | grep -v llama-dca | xargs cat > ~/llb/text-all.txt
-    printf "name\tctx\tppl\trc\n" > "$OUT/ppl.tsv"
-    for spec in "8k 8192 100000" "32k 32768 360000" "64k 65536 720000" "128k 131072 1400000"; do
-        set -- $spec; local len=$1 ctx=$2 bytes=$3
-        head -c "$bytes" ~/llb/text-all.txt > ~/llb/text-$len.txt
-        for mode in plain yarn4 dca; do
-            local extra=()
-            [ $mode = dca ] && extra=("${DCA[@]}")
-            [ $mode = yarn4 ] && extra=("${YARN[@]}")
-            [ $mode = yarn4 ] && [ $ctx -le 32768 ] && continue
-            local log="$OUT/ppl/$mode-$len.log"; mkdir -p "$OUT/ppl"
-            "$BIN/llama-perplexity" "${COMMON[@]}" "${extra[@]}" -f ~/llb/text-$len.txt -c "$ctx" --chunks 1 > "$log" 2>&1
-            local rc=$?
-            local ppl; ppl=$(grep -oE "\[1\][0-9.]+" "$log" | tail -1 | sed 's/^\[1\]//')
-            printf "%s_%s\t%s\t%s\trc=%s\n" "$mode" "$len" "$ctx" "$ppl" "$rc" | tee -a "$OUT/ppl.tsv"
+    # the baseline's text: the first 1.4 MB of llama.cpp's own src/*.cpp, upstream files only
+    ls ~/llb/src/src/*.cpp | grep -v llama-dca | xargs cat | head -c 1400000 > ~/llb/text.txt
+    mkdir -p "$OUT/ppl"
+    printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/ppl.tsv"
+    local best; best=$(cat ~/llb/passkey-best.txt 2>/dev/null || echo S24w4)
+    # host memory: llama-perplexity keeps the logits of half a window, ctx/2 * 262144 floats (68 GB at 128k), so
+    # 8k and 32k run together, 64k two at a time, 128k alone (the machine has 128 GB)
+    for group in "8192 32768:8" "65536:2" "131072:1"; do
+        local ctxs=${group%%:*} par=${group##*:}
+        : > ~/llb/jobs-ppl
+        for ctx in $ctxs; do
+            local f; f=$(awk "BEGIN{print $ctx/32768}")
+            echo "ppl_one plain $ctx" >> ~/llb/jobs-ppl
+            echo "ppl_one yarn4 $ctx ${YARN[*]}" >> ~/llb/jobs-ppl
+            echo "ppl_one dca-S24w4 $ctx \$(dca_cfg S24w4 $f)" >> ~/llb/jobs-ppl
+            [ "$best" != S24w4 ] && echo "ppl_one dca-$best $ctx \$(dca_cfg $best $f)" >> ~/llb/jobs-ppl
         done
+        PAR=$par run_jobs ~/llb/jobs-ppl
     done
+    cat "$OUT/ppl.tsv"
 }
 
 for s in "$@"; do
