@@ -54,10 +54,12 @@ class DocUpdate:
 
 # --- where the files may be ----------------------------------------------------------------
 
-def check_outside_trees(cfg: Config, path: Path, what: str) -> None:
-    """Refuse ``path`` inside the source checkout (the user's tree is only read) or the workspace."""
-    if is_inside(path, cfg.workspace):
-        raise SafetyError(f"{what} {path} is inside the clean-room workspace {cfg.workspace}",
+def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool = True) -> None:
+    """Refuse ``path`` inside the source checkout (the user's tree is only read), inside the
+    clean room (it would end up in the next capture), or (``workspace``) anywhere in the workspace."""
+    inside = cfg.workspace if workspace else cfg.room
+    if is_inside(path, inside):
+        raise SafetyError(f"{what} {path} is inside the clean-room {'workspace' if workspace else 'tree'} {inside}",
                           where=cfg.describe(),
                           hint="keep it beside the series (e.g. in the series folder), outside 'cleanroom:'")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:

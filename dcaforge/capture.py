@@ -87,7 +87,7 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
     room = Room.of(cfg)
     room.require()
     dest = (out or cfg.feature_patch).resolve()
-    check_outside_trees(cfg, dest, "the patch")
+    check_outside_trees(cfg, dest, "the patch", workspace=False)
     to_series = dest == cfg.feature_patch.resolve()
     with locked(room):
         base = baseline_tree(room)

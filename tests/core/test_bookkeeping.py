@@ -192,3 +192,26 @@ def test_shipped_llamafile_example_parses() -> None:
     assert cfg.bookkeeping.series_readme and cfg.bookkeeping.series_readme.file.is_file()
     assert cfg.bookkeeping.upstream_sync and cfg.bookkeeping.upstream_sync.file.is_file()
     assert cfg.build.backend == "llamafile"
+
+
+def test_both_in_one_file(bk_project) -> None:
+    (bk_project.work / "README.md").write_text(README + "\n## Markers\n")
+    text = bk_project.config_path.read_text().replace("file: SYNC.md", "file: README.md")
+    bk_project.config_path.write_text(text)
+    cfg = bk_project.config
+    apply(cfg)
+    capture(cfg)
+    data = (bk_project.work / "README.md").read_text()
+    assert data.count("| `0078-dca` |") == 1 and data.endswith("## Markers\n\n- `// opencoti F5 dca`: 0078-dca, 3 lines\n")
+    assert [u.action for u in capture(cfg).bookkeeping] == ["unchanged", "unchanged"]
+    assert (bk_project.work / "README.md").read_text() == data
+
+
+def test_capture_never_writes_into_the_source_or_the_room(bk_project) -> None:
+    cfg = bk_project.config
+    apply(cfg)
+    with pytest.raises(SafetyError, match="inside the source checkout"):
+        capture(cfg, bk_project.source / "0078-dca.patch")
+    with pytest.raises(SafetyError, match="inside the clean-room tree"):
+        capture(cfg, cfg.room / "0078-dca.patch")
+    bk_project.assert_source_untouched()
