@@ -128,7 +128,7 @@ def _step_hint(cfg: Config, step: BootstrapStep) -> str:
 
 
 def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, report: BootstrapReport,
-                   on_step: Callable[[str], None]) -> None:
+                   on_step: Callable[[str], None], total: int) -> None:
     from .series import _gnu_failure, _load_patch  # the series' own GNU-patch failure report
 
     assert step.patches is not None
@@ -142,7 +142,7 @@ def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, rep
                    key=lambda p: p.name.encode())
     for k, path in enumerate(files, 1):
         rel = f"{step.patches}/{path.name}"
-        on_step(f"bootstrap {index}: [{k}/{len(files)}] {rel}")
+        on_step(f"bootstrap {index}/{total}: [{k}/{len(files)}] {rel}")
         patch = _load_patch(path, rel)
         for dry in (True, False):
             res = patch_cmd(room, path, dry_run=dry, strip=step.strip)
@@ -179,7 +179,7 @@ def run_bootstrap(cfg: Config, room: Path, on_step: Callable[[str], None] | None
     for i, step in enumerate(cfg.bootstrap, 1):
         report.steps += 1
         if step.patches is not None:
-            _apply_patches(cfg, room, i, step, report, step_cb)
+            _apply_patches(cfg, room, i, step, report, step_cb, total)
             continue
         step_cb(f"bootstrap {i}/{total}: {step.describe()}")
         argv = ["bash", "-euo", "pipefail", "-c", step.shell] if step.shell is not None else list(step.argv or ())

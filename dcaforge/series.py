@@ -410,10 +410,12 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
                 "dcaforge: uncommitted work copied from the source checkout\n")
         boot = run_bootstrap(cfg, tmp, on_step=step)
         if boot.patches:
-            result.notes.append(f"bootstrap: {len(boot.patches)} patches of the tree applied "
+            n = len(boot.patches)
+            result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
                                 "(patch -p1 --fuzz=0)")
         if boot.ignored_committed:
-            result.notes.append(f"bootstrap: committed {len(boot.ignored_committed)} files the tree's .gitignore "
+            n = len(boot.ignored_committed)
+            result.notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
                                 f"ignores: {', '.join(boot.ignored_committed[:5])}"
                                 + (" ..." if len(boot.ignored_committed) > 5 else ""))
         if boot.ignored_folders:

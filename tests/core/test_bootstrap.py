@@ -67,7 +67,7 @@ def test_llamafile_setup_offline_from_the_checkouts_modules(project) -> None:
     assert f"submodule llama.cpp cloned from your checkout's {sup / '.git' / 'modules' / 'llama.cpp'}" in notes
     assert "source.ref 'HEAD' is " in notes  # not pinned: says which commit to pin
     assert "bootstrap: 2 patches of the tree applied" in notes
-    assert "committed 1 files the tree's .gitignore ignores: llama.cpp/version.gen" in notes
+    assert "committed 1 file the tree's .gitignore ignores: llama.cpp/version.gen" in notes
     assert "left ignored folders out of the start commit: o/" in notes
     room = cfg.room
     assert (room / "llama.cpp/CMakeLists.txt").read_text().endswith("# llamafile 1\n# llamafile 2\n")

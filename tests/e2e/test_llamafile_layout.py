@@ -193,7 +193,7 @@ def test_llamafile_apply_render_capture_verify(llamafile: Llamafile) -> None:
     notes = "\n".join(res.notes)
     assert "submodule llama.cpp cloned from your checkout's" in notes  # offline: .gitmodules names git.invalid
     assert "flattened submodules: llama.cpp" in notes
-    assert "bootstrap: 1 patches of the tree applied" in notes
+    assert "bootstrap: 1 patch of the tree applied" in notes
     assert "llama.cpp/common/build-info.cpp" in notes  # an ignored file the bootstrap made, committed
     assert res.applied_now == ["0001-opencoti-header.patch", "0002-opencoti-arg.patch"]
     assert res.methods["0002-opencoti-arg.patch"] == "patch -p1"
