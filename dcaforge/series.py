@@ -512,6 +512,12 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
             raise DcaforgeError(
                 f"the clean room was made from {state.get('source')}, the config now says {base.description}",
                 where=str(room.path), hint="dcaforge apply --fresh")
+        if state.get("bootstrap", []) != _bootstrap_record(cfg) or \
+                state.get("submodules", _submodules_record(base)) != _submodules_record(base):
+            raise DcaforgeError(
+                "the clean room was made with other bootstrap steps or submodules than the config now has",
+                where=f"{room.path} (made with: {state.get('config')})",
+                hint="`dcaforge apply --fresh` makes it again with the config's (capture hand edits first)")
 
         if phase == "applied" and not cont:
             if state.get("series") == _series_record(patches):

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dcaforge.cli import app
 from dcaforge.config import parse_config
-from dcaforge.errors import CommandError, ConfigError
+from dcaforge.errors import CommandError, ConfigError, DcaforgeError
 from dcaforge.series import apply
 
 from .helpers import git_init, make_patch_gnu, snapshot, source_files, ugit
@@ -127,3 +127,17 @@ def test_bootstrap_config_errors(tmp_path: Path, steps: str, message: str, line:
         parse_config(path)
     assert message in exc.value.message
     assert exc.value.where == f"{path}:{line}"
+
+
+def test_a_changed_bootstrap_asks_for_fresh(project) -> None:
+    write_bootstrap(project, "- echo one > one.txt\n")
+    apply(project.config)
+    assert (project.config.room / "one.txt").read_text() == "one\n"
+    project.config_path.write_text(project.config_path.read_text().replace("echo one", "echo two"))
+    with pytest.raises(DcaforgeError, match="other bootstrap steps") as exc:
+        apply(project.config)
+    assert "dcaforge apply --fresh" in (exc.value.hint or "")
+    res = apply(project.config, fresh=True)  # made again (not reset: the bootstrap differs)
+    assert "fresh: reset the clean room to its start commit" not in res.notes
+    assert (project.config.room / "one.txt").read_text() == "two\n"
+    project.assert_source_untouched()
