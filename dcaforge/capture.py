@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import bookkeeping
+from .bookkeeping import DocUpdate, check_outside_trees
 from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import DcaforgeError
@@ -75,20 +77,29 @@ class CaptureResult:
     sha256: str
     tree: str
     files: list[str] = field(default_factory=list)
+    bookkeeping: list[DocUpdate] = field(default_factory=list)  # the README row / UPSTREAM_SYNC entry
+    bookkeeping_skipped: bool = False  # configured, but -o wrote the patch outside the series
 
 
 def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
+    """Write the feature patch (and, when configured and the patch goes to the series, the
+    bookkeeping): everything is computed and checked first, then written."""
     room = Room.of(cfg)
     room.require()
     dest = (out or cfg.feature_patch).resolve()
+    check_outside_trees(cfg, dest, "the patch", workspace=False)
+    to_series = dest == cfg.feature_patch.resolve()
     with locked(room):
         base = baseline_tree(room)
         tree = worktree_tree(room.path)
         data = tree_diff(room.path, base, tree)
         files = changed_paths(room.path, base, tree)
+        sha = hashlib.sha256(data).hexdigest()
+        updates = bookkeeping.plan(cfg, dest, data, files, sha) if to_series else []
         old = dest.read_bytes() if dest.is_file() else None
         if old != data:
             write_atomic(dest, data, 0o644)
-        sha = hashlib.sha256(data).hexdigest()
+        bookkeeping.write(updates)
         room.update_state(captured={"patch": str(dest), "sha256": sha, "tree": tree})
-        return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files)
+        return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files,
+                             bookkeeping=updates, bookkeeping_skipped=bool(cfg.bookkeeping.docs) and not to_series)

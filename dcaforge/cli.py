@@ -154,6 +154,11 @@ def capture(
     res = _call(lambda: do_capture(cfg, output))
     out.print(f"{'wrote' if res.written else 'unchanged'} {res.path} ({res.size} bytes, {len(res.files)} files, "
               f"sha256 {res.sha256[:16]})")
+    for u in res.bookkeeping:
+        what = "row" if u.kind == "series_readme" else "entry"
+        out.print(f"{u.action:<9} {u.path}:{u.line} ({what} for {cfg.feature.number:04d})")
+    if res.bookkeeping_skipped:
+        out.print("note: bookkeeping not updated (-o writes the patch outside the series)")
 
 
 @app.command()

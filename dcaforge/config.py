@@ -58,6 +58,58 @@ class SeriesConfig:
 
 
 @dataclass(frozen=True)
+class BootstrapStep:
+    """One ``bootstrap:`` step, run in the new clean room (the tree's root) before the series.
+
+    Exactly one of ``shell`` (a string, run by ``bash -euo pipefail -c``), ``argv`` (a list) or
+    ``patches`` (a folder of the tree: every ``*.patch`` in it, in name order, applied with
+    ``patch -p<strip> --fuzz=0`` from the root, as llamafile's ``make setup`` applies its own).
+    """
+
+    where: str  # file:line of the step, for messages
+    shell: str | None = None
+    argv: tuple[str, ...] | None = None
+    patches: str | None = None
+    strip: int = 1
+
+    def record(self) -> Any:
+        """What the room's state records (and ``apply --fresh`` compares)."""
+        if self.patches is not None:
+            return {"patches": self.patches, "strip": self.strip}
+        return self.shell if self.shell is not None else list(self.argv or ())
+
+    def describe(self) -> str:
+        if self.patches is not None:
+            return f"patches {self.patches}/*.patch (patch -p{self.strip} --fuzz=0)"
+        if self.shell is not None:
+            lines = [ln.strip() for ln in self.shell.strip().splitlines() if ln.strip()]
+            code = [ln for ln in lines if not ln.startswith("#")] or lines
+            return code[0] + (" ..." if len(lines) > 1 else "")
+        return " ".join(self.argv or ())
+
+
+@dataclass(frozen=True)
+class BookkeepingDoc:
+    """A Markdown file capture keeps up to date: one line (a table row or a list item) in one
+    section, identified by the feature's number (series README) or its marker (UPSTREAM_SYNC)."""
+
+    file: Path
+    section: str     # the heading's text, any level (e.g. "Current series")
+    template: str    # Jinja, renders to one line
+    where: str       # file:line of the template in the config
+
+
+@dataclass(frozen=True)
+class BookkeepingConfig:
+    series_readme: BookkeepingDoc | None = None
+    upstream_sync: BookkeepingDoc | None = None
+
+    @property
+    def docs(self) -> tuple[BookkeepingDoc, ...]:
+        return tuple(d for d in (self.series_readme, self.upstream_sync) if d is not None)
+
+
+@dataclass(frozen=True)
 class FeatureConfig:
     number: int
     name: str
@@ -122,11 +174,12 @@ class Config:
     workspace: Path
     source: Source
     llama_cpp_dir: str
-    bootstrap: tuple[str | tuple[str, ...], ...]
+    bootstrap: tuple[BootstrapStep, ...]
     series: SeriesConfig
     feature: FeatureConfig
     build: BuildConfig = field(default_factory=lambda: BuildConfig())
     gates: tuple[GateConfig, ...] = ()
+    bookkeeping: BookkeepingConfig = field(default_factory=BookkeepingConfig)
 
     @property
     def room(self) -> Path:
@@ -141,7 +194,7 @@ class Config:
 
 
 TOP_KEYS = {"root", "name", "cleanroom", "source", "llama_cpp_dir", "bootstrap", "series", "feature",
-            "build", "gates"}
+            "build", "gates", "bookkeeping"}
 
 
 def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
@@ -214,15 +267,7 @@ def parse_config(path: Path) -> Config:
 
     llama_cpp_dir = _clean_relpath(top, "llama_cpp_dir", top.get("llama_cpp_dir", str, default="."))
 
-    bootstrap: list[str | tuple[str, ...]] = []
-    for i, step in enumerate(top.get("bootstrap", list, default=[])):
-        if isinstance(step, str):
-            bootstrap.append(step)
-        elif isinstance(step, list) and all(isinstance(a, str) for a in step):
-            bootstrap.append(tuple(step))
-        else:
-            raise ConfigError(f"'bootstrap[{i}]' must be a shell command string or an argv list",
-                              where=f"{file}:{top.list_lines('bootstrap')[i]}")
+    bootstrap = _parse_bootstrap(top)
 
     ser = top.sub("series")
     ser.check_keys({"dir", "range", "file"})
@@ -260,8 +305,92 @@ def parse_config(path: Path) -> Config:
         vars=dict(feat.get("vars", dict, default={})),
     )
     return Config(path=path, root=root, name=name, workspace=workspace, source=source,
-                  llama_cpp_dir=llama_cpp_dir, bootstrap=tuple(bootstrap), series=series, feature=feature,
-                  build=_parse_build(top), gates=_parse_gates(top, root))
+                  llama_cpp_dir=llama_cpp_dir, bootstrap=bootstrap, series=series, feature=feature,
+                  build=_parse_build(top), gates=_parse_gates(top, root),
+                  bookkeeping=_parse_bookkeeping(top, root, feature))
+
+
+# --- bootstrap: and bookkeeping: ----------------------------------------------------------
+
+def _parse_bootstrap(top: Reader) -> tuple[BootstrapStep, ...]:
+    steps: list[BootstrapStep] = []
+    lines = top.list_lines("bootstrap")
+    for i, step in enumerate(top.get("bootstrap", list, default=[])):
+        where = f"{top.file}:{lines[i] if i < len(lines) else top.line}"
+        if isinstance(step, str):
+            if not step.strip():
+                raise ConfigError(f"'bootstrap[{i}]' is an empty command", where=where)
+            steps.append(BootstrapStep(where=where, shell=step))
+        elif isinstance(step, list) and step and all(isinstance(a, str) for a in step):
+            steps.append(BootstrapStep(where=where, argv=tuple(step)))
+        elif isinstance(step, dict):
+            r = Reader(step, top.file, f"bootstrap[{i}]", line=lines[i] if i < len(lines) else 0)
+            r.check_keys({"patches", "strip"})
+            folder = _clean_relpath(r, "patches", r.get("patches", str, required=True))
+            strip = r.get("strip", int, default=1)
+            if not 0 <= strip <= 9:
+                raise r.error("strip", f"'bootstrap[{i}].strip' must be between 0 and 9, got {strip}")
+            steps.append(BootstrapStep(where=where, patches=folder, strip=strip))
+        else:
+            raise ConfigError(f"'bootstrap[{i}]' must be a shell command string, an argv list or "
+                              "a mapping {patches: FOLDER, strip: 1}", where=where)
+    return tuple(steps)
+
+
+#: What the bookkeeping templates get (besides vars, marker, feature, llama_cpp_dir).
+BOOKKEEPING_CONTEXT = ("feature", "marker", "vars", "llama_cpp_dir", "patch", "sha256", "files", "n_files",
+                       "marked_files", "marker_sites")
+DEFAULT_README_ROW = "| `{{ feature.id }}` | {{ n_files }} files | `{{ marker }}` |"
+DEFAULT_SYNC_ENTRY = "- `{{ marker }}`: {{ feature.id }}, {{ marker_sites }} marked lines in {{ marked_files | length }} files"
+
+
+def sample_bookkeeping_context(feature: FeatureConfig, llama_cpp_dir: str = ".") -> dict[str, Any]:
+    """A context like capture's, for checking the templates when the config is read."""
+    return {"feature": {"number": feature.number, "name": feature.name,
+                        "id": f"{feature.number:04d}-{feature.name}"},
+            "marker": feature.marker, "vars": feature.vars, "llama_cpp_dir": llama_cpp_dir,
+            "patch": feature.patch_name, "sha256": "0" * 64, "files": ["a", "b"], "n_files": 2,
+            "marked_files": ["a"], "marker_sites": 1}
+
+
+def _parse_bookkeeping(top: Reader, root: Path, feature: FeatureConfig) -> BookkeepingConfig:
+    import jinja2
+
+    bk = top.sub("bookkeeping")
+    bk.check_keys({"series_readme", "upstream_sync"})
+    docs: dict[str, BookkeepingDoc | None] = {}
+    for key, tkey, default_section, default_template in (
+            ("series_readme", "row", "Current series", DEFAULT_README_ROW),
+            ("upstream_sync", "entry", "Markers", DEFAULT_SYNC_ENTRY)):
+        if not bk.has(key):
+            docs[key] = None
+            continue
+        d = bk.sub(key)
+        d.check_keys({"file", "section", tkey})
+        path = _rel_path(d.get("file", str, required=True), root)
+        if path.suffix.lower() not in (".md", ".markdown"):
+            raise d.error("file", f"'{d.key('file')}' must be a Markdown file (.md), got {path.name!r}")
+        section = d.get("section", str, default=default_section).strip().lstrip("#").strip()
+        if not section:
+            raise d.error("section", f"'{d.key('section')}' must be a heading's text, e.g. {default_section!r}")
+        template = d.get(tkey, str, default=default_template)
+        where = d.where(tkey) if d.has(tkey) else d.where()
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        try:
+            line = env.from_string(template).render(sample_bookkeeping_context(feature))
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"'{d.key(tkey)}' is not a usable template: {exc}", where=where,
+                              hint="the context has: " + ", ".join(BOOKKEEPING_CONTEXT)) from None
+        if "\n" in line.strip("\n") or not line.strip():
+            raise ConfigError(f"'{d.key(tkey)}' must render to exactly one line", where=where)
+        if key == "series_readme" and not line.lstrip().startswith("|"):
+            raise ConfigError(f"'{d.key(tkey)}' must render to a Markdown table row (starting with '|')",
+                              where=where, hint=f"e.g. {DEFAULT_README_ROW!r}")
+        if key == "upstream_sync" and feature.marker not in line:
+            raise ConfigError(f"'{d.key(tkey)}' must contain the marker (it is how capture finds the entry again)",
+                              where=where, hint="put {{ marker }} in it")
+        docs[key] = BookkeepingDoc(file=path, section=section, template=template, where=where)
+    return BookkeepingConfig(series_readme=docs["series_readme"], upstream_sync=docs["upstream_sync"])
 
 
 # --- build: and gates: ------------------------------------------------------------------

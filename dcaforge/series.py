@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
 from .errors import CommandError, ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import git, git_out, patch_cmd, rev_parse, run, status_porcelain
+from .git import git, git_out, patch_cmd, rev_parse, status_porcelain
 from .source import BaseSource, prepare
 
 _NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
@@ -366,17 +367,6 @@ def _flatten_submodules(room: Path) -> list[str]:
     return paths
 
 
-def _run_bootstrap(cfg: Config, room: Path) -> None:
-    for step in cfg.bootstrap:
-        argv = ["bash", "-euo", "pipefail", "-c", step] if isinstance(step, str) else list(step)
-        run(argv, room, what=f"bootstrap step {step!r}",
-            hint=f"fix the bootstrap step in {cfg.describe()} and run `dcaforge apply --fresh`")
-    if cfg.bootstrap:
-        git(room, "add", "-A", ".")
-        if git(room, "diff", "--cached", "--quiet", check=False).returncode != 0:
-            git(room, "commit", "-q", "--no-verify", "-m", "dcaforge: bootstrap\n")
-
-
 def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result: ApplyResult,
             hooks: ApplyHooks) -> None:
     room.check_can_create()
@@ -398,10 +388,16 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
                               hint=f"git ls-remote {base.clone_url}")
         step(f"checking out {commit[:12]}")
         git(tmp, "checkout", "-q", "--detach", commit)
+        if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
+            result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
+                                "(a branch or tag can move)")
         if base.submodules:
             paths = list(base.submodules) if isinstance(base.submodules, tuple) else []
-            git(tmp, "submodule", "update", "--init", "--recursive", "--", *paths,
-                hint="check the submodules' URLs in .gitmodules")
+            step("checking out submodules")
+            subs = SubmoduleReport()
+            init_submodules(tmp, paths, base.checkout.toplevel if base.checkout else None, subs)
+            for sub, local in sorted(subs.local.items()):
+                result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
             result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))
         if not (tmp / cfg.llama_cpp_dir).is_dir():
             raise ConfigError(f"llama_cpp_dir {cfg.llama_cpp_dir!r} is not a folder of the source tree",
@@ -412,13 +408,26 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
             git(tmp, "add", "-A", ".")
             git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
                 "dcaforge: uncommitted work copied from the source checkout\n")
-        _run_bootstrap(cfg, tmp)
+        boot = run_bootstrap(cfg, tmp, on_step=step)
+        if boot.patches:
+            n = len(boot.patches)
+            result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
+                                "(patch -p1 --fuzz=0)")
+        if boot.ignored_committed:
+            n = len(boot.ignored_committed)
+            result.notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
+                                f"ignores: {', '.join(boot.ignored_committed[:5])}"
+                                + (" ..." if len(boot.ignored_committed) > 5 else ""))
+        if boot.ignored_folders:
+            result.notes.append(f"bootstrap: left ignored folders out of the start commit: "
+                                f"{', '.join(boot.ignored_folders[:5])}")
         git(tmp, "tag", "-f", START_TAG, "HEAD")
         marker = Room(tmp, room.workspace)
         marker.mark({"config": cfg.describe(), "source": base.description})
         marker.save_state({"phase": "created", "source": base.description, "base": commit,
                            "start": git_out(tmp, "rev-parse", "HEAD"), "config": cfg.describe(),
-                           "bootstrap": _bootstrap_record(cfg), "wip": bool(include_wip)})
+                           "bootstrap": _bootstrap_record(cfg), "submodules": _submodules_record(base),
+                           "wip": bool(include_wip)})
         if room.path.exists():
             room.path.rmdir()  # an empty folder (check_can_create) or nothing
         os.replace(tmp, room.path)
@@ -429,14 +438,22 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
 
 
 def _bootstrap_record(cfg: Config) -> list[Any]:
-    return [s if isinstance(s, str) else list(s) for s in cfg.bootstrap]
+    return [s.record() for s in cfg.bootstrap]
+
+
+def _submodules_record(base: BaseSource) -> bool | list[str]:
+    return list(base.submodules) if isinstance(base.submodules, tuple) else bool(base.submodules)
 
 
 def _can_reset(cfg: Config, state: dict[str, Any], base: BaseSource, include_wip: bool) -> bool:
-    """Can ``--fresh`` reuse this room (reset to its start) instead of cloning again?"""
-    if include_wip or state.get("wip") or base.submodules or not state.get("start"):
+    """Can ``--fresh`` reuse this room (reset to its start) instead of cloning again? Only when
+    the same pinned commit, submodules and bootstrap made it: the start commit is then exactly
+    what a new clone would give (submodule commits are pinned by the superproject commit)."""
+    if include_wip or state.get("wip") or not state.get("start"):
         return False
     if state.get("source") != base.description or state.get("bootstrap") != _bootstrap_record(cfg):
+        return False
+    if state.get("submodules", False) != _submodules_record(base):
         return False
     if not re.fullmatch(r"[0-9a-f]{40}", base.ref):  # a branch or tag may have moved
         return False
@@ -471,7 +488,7 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                 # (ignored ones included) removed; much faster than a new clone and checkout
                 room.reset_hard(START_TAG, everything=True)
                 git(room.path, "tag", "-d", BASELINE_TAG, check=False)
-                room.save_state({k: state[k] for k in ("source", "base", "start", "config", "bootstrap")
+                room.save_state({k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules")
                                  if k in state} | {"phase": "created"})
                 result.notes.append("fresh: reset the clean room to its start commit")
             elif fresh or state.get("phase") in (None, "creating"):
@@ -495,6 +512,12 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
             raise DcaforgeError(
                 f"the clean room was made from {state.get('source')}, the config now says {base.description}",
                 where=str(room.path), hint="dcaforge apply --fresh")
+        if state.get("bootstrap", []) != _bootstrap_record(cfg) or \
+                state.get("submodules", _submodules_record(base)) != _submodules_record(base):
+            raise DcaforgeError(
+                "the clean room was made with other bootstrap steps or submodules than the config now has",
+                where=f"{room.path} (made with: {state.get('config')})",
+                hint="`dcaforge apply --fresh` makes it again with the config's (capture hand edits first)")
 
         if phase == "applied" and not cont:
             if state.get("series") == _series_record(patches):
