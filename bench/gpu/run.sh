@@ -107,6 +107,9 @@ dca_cfg() {
         S32w4t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 4096 --dca-yarn-factor $2" ;;
         S32w8t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 8192 --dca-yarn-factor $2" ;;
         S24w4tt)  echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096 --dca-yarn-factor $(awk "BEGIN{print $2*$2}")" ;;
+        S12w2t)   echo "--dca on --dca-chunk-size 12288 --dca-local-size 2048 --dca-yarn-factor $2" ;;
+        S8w1)     echo "--dca on --dca-chunk-size 8192 --dca-local-size 1024" ;;
+        S8w1t)    echo "--dca on --dca-chunk-size 8192 --dca-local-size 1024 --dca-yarn-factor $2" ;;
     esac
 }
 
@@ -139,6 +142,10 @@ summary() { # tsv
 
 # choosing DCA's chunk size, window and temperature on other lengths (~48k and ~101k tokens) and other positions than the
 # evaluation's, so the evaluation at ~70k and ~134k stays held out
+# run 2 (2026-11-30) tried S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt (S24w4t won, 9 points of 30); the next run adds
+# short chunks (all inter-chunk distances <= S, where this model still retrieves), see RESULTS.md
+TUNE_CFGS=${TUNE_CFGS:-"S24w4 S24w4t S24w4tt S32w4t S12w2t S8w1 S8w1t"}
+
 step_passkey_tune() {
     mkdir -p "$OUT/passkey"
     printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey-tune.tsv"
@@ -147,7 +154,7 @@ step_passkey_tune() {
         set -- $spec; local junk=$1 ovr=$2 f=$3   # f: length / trained length, the Qwen2.5-1M temperature rule
         for k in 1 3 5 7 9; do
             local pos=$(( junk * k / 10 ))
-            for cfg in S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt; do
+            for cfg in $TUNE_CFGS; do
                 echo "passkey_one passkey-tune.tsv $cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-tune
             done
         done
@@ -157,7 +164,7 @@ step_passkey_tune() {
     # the best setting over both lengths: 2 points per exact first answer, 1 per answer containing the key
     # (ties: the earlier, simpler one in the list)
     local best="" bs=-1
-    for c in S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt; do
+    for c in $TUNE_CFGS; do
         local sc; sc=$(awk -F'\t' -v c=$c 'NR>1 && $1==c {s+=2*$6+$7} END {print s+0}' "$OUT/passkey-tune.tsv")
         echo "$c score $sc"
         if [ "$sc" -gt "$bs" ]; then best=$c; bs=$sc; fi
