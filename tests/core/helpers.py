@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import stat
 import subprocess
 import textwrap
@@ -110,3 +111,10 @@ def replace_line(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, (old, path)
     path.write_text(text.replace(old, new, 1))
+
+
+def sigint_default() -> None:
+    """preexec_fn for a child that must see Ctrl-C as a terminal user's process would: a shell that starts the test
+    run in the background without job control (nohup ... &, some CI runners) leaves SIGINT ignored, and Python keeps
+    an inherited SIG_IGN instead of installing its KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -20,7 +20,7 @@ from dcaforge.config import parse_config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError
 from dcaforge.series import apply
 
-from .helpers import git_init
+from .helpers import git_init, sigint_default
 
 needs = pytest.mark.skipif(not all(shutil.which(t) for t in ("cmake", "ninja", "gcc", "make")),
                            reason="cmake, ninja, gcc and make are needed (.ci/run installs them)")
@@ -434,7 +434,8 @@ def test_ctrl_c_stops_the_whole_build_and_frees_the_room(tiny_room, tmp_path: Pa
     (cfg.room / "slow.sh").write_text(f"echo $$ > {pidfile}\nexec sleep 60\n")
     cm.write_text(cm.read_text() + "add_custom_target(slow COMMAND sh ${CMAKE_SOURCE_DIR}/slow.sh)\n")
     proc = subprocess.Popen([sys.executable, "-c", "from dcaforge.cli import main; main()", "build", "-c", str(cfg.path),
-                             "--targets", "slow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--targets", "slow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
     deadline = time.monotonic() + 120
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()

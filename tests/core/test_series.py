@@ -15,7 +15,7 @@ from dcaforge.cleanroom import Room
 from dcaforge.errors import DcaforgeError, MismatchError
 from dcaforge.series import ApplyHooks, applied_names, apply, parse_hunks
 
-from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh
+from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, sigint_default
 
 
 def _edit_line(n: int, new: str):
@@ -182,7 +182,8 @@ def test_real_sigint_to_the_cli_mid_series(project) -> None:
             project.source, _edit_line(i * 3, f"int line_{i * 3:03d} = 0;"), project.tmp, f"p{i}"))
     cfg = project.config
     proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, str(project.config_path)], cwd=project.tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=sigint_default)
     assert proc.stderr is not None
     seen = 0
     deadline = time.time() + 60
