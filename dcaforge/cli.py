@@ -116,17 +116,26 @@ def render(
     if check or tree is not None:
         res = _call(lambda: rmod.check(cfg, tree))
         table = Table(title=f"anchors on {res.tree}", show_lines=False)
-        for col in ("#", "file", "action", "matches", "status", "note"):
-            table.add_column(col)
+        for col in ("#", "file", "action", "fit", "matches", "status", "note"):
+            table.add_column(col, overflow="fold")
         for e in res.edits:
             style = "green" if e.status == "ok" else ("dim" if e.status == "skipped" else "red")
-            table.add_row(str(e.index), e.file or "-", e.action, f"{e.matches}/{e.count}",
+            table.add_row(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}",
                           Text(e.status, style=style), e.note)
         out.print(table)
         for e in res.edits:
-            if not e.fits and e.closest:
-                out.print(f"edit #{e.index} anchor {e.anchor!r}; {'closest' if e.status == 'missing' else 'matched'} lines:")
+            if e.fits:
+                continue
+            where = f"edit #{e.index} ({e.file or 'no file'}, manifest line {e.manifest_line})"
+            if e.status == "ambiguous":
+                out.print(f"{where}: {'anchor' if not e.variant else f'alternative {e.variant}'} {e.anchor!r} matched lines:",
+                          markup=False)
                 for c in e.closest:
+                    out.print(f"    {c}", markup=False)
+            for variant, anchor, _n, close in e.tried:
+                out.print(f"{where}: {'anchor' if not variant else f'alternative {variant}'} {anchor!r} matches nowhere; "
+                          "closest lines:", markup=False)
+                for c in close:
                     out.print(f"    {c}", markup=False)
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
@@ -168,7 +177,10 @@ def templatize(config: ConfigOpt = None) -> None:
 
     cfg = _config(config)
     res = _call(lambda: do_templatize(cfg))
-    out.print(f"wrote {res.folder}: {res.files} new files, {res.edits} anchored edits in {res.edited_files} files")
+    out.print(f"wrote {res.folder}: {res.files} new files, {res.edits} anchored edits in {res.edited_files} files"
+              + (f"; kept {res.kept} hand-written edits/files for other trees" if res.kept else ""))
+    for note in res.notes:
+        err.print(f"note: {note}", style="yellow")
     out.print("next: dcaforge capture, then dcaforge verify --fresh-render")
 
 
