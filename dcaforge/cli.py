@@ -115,14 +115,21 @@ def render(
     cfg = _config(config)
     if check or tree is not None:
         res = _call(lambda: rmod.check(cfg, tree))
-        table = Table(title=f"anchors on {res.tree}", show_lines=False)
-        for col in ("#", "file", "action", "fit", "matches", "status", "note"):
-            table.add_column(col, overflow="fold")
-        for e in res.edits:
-            style = "green" if e.status == "ok" else ("dim" if e.status == "skipped" else "red")
-            table.add_row(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}",
-                          Text(e.status, style=style), e.note)
-        out.print(table)
+        # plain aligned lines (not a table that folds long paths): greppable in logs and CI
+        rows = [("#", "file", "action", "fit", "matches", "status", "note")]
+        rows += [(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}", e.status, e.note)
+                 for e in res.edits]
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        out.print(f"anchors on {res.tree}")
+        for k, r in enumerate(rows):
+            line = "  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + ("  " + r[6] if r[6] else "")
+            style = None if k == 0 or r[5] == "ok" else ("dim" if r[5] == "skipped" else "red")
+            out.print(line.rstrip(), style=style)
+        fitted = [e for e in res.edits if e.status == "ok"]
+        alts = sum(1 for e in fitted if e.variant)
+        out.print(f"{len(fitted)} fit ({alts} by an alternative), "
+                  f"{sum(1 for e in res.edits if e.status == 'skipped')} skipped, "
+                  f"{sum(1 for e in res.edits if not e.fits)} do not fit, of {len(res.edits)} edits")
         for e in res.edits:
             if e.fits:
                 continue
