@@ -121,9 +121,9 @@ def render(
                  for e in res.edits]
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         out.print(f"anchors on {res.tree}")
-        for k, r in enumerate(rows):
-            line = "  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + ("  " + r[6] if r[6] else "")
-            style = None if k == 0 or r[5] == "ok" else ("dim" if r[5] == "skipped" else "red")
+        for k, row in enumerate(rows):
+            line = "  ".join(c.ljust(w) for c, w in zip(row[:6], widths, strict=True)) + ("  " + row[6] if row[6] else "")
+            style = None if k == 0 or row[5] == "ok" else ("dim" if row[5] == "skipped" else "red")
             out.print(line.rstrip(), style=style)
         fitted = [e for e in res.edits if e.status == "ok"]
         alts = sum(1 for e in fitted if e.variant)

@@ -347,8 +347,12 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
                 continue
             if rep.status == "skipped":  # written for other trees: keep it where it was
                 entry = _edit_dict(oe)
+                # after the edit that preceded it; else before the first edit of its file; else last
                 prev = next((used_old[j] for j in range(oe.index - 1, -1, -1) if j in used_old), None)
-                pos = next(k for k, x in enumerate(out.edits) if x is prev) + 1 if prev is not None else 0
+                if prev is not None:
+                    pos = next(k for k, x in enumerate(out.edits) if x is prev) + 1
+                else:
+                    pos = next((k for k, x in enumerate(out.edits) if x["file"] == entry["file"]), len(out.edits))
                 out.edits.insert(pos, entry)
                 used_old[oe.index] = entry
                 out.kept += 1
