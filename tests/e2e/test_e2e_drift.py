@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,17 @@ def test_old_tree_builds_and_passes_test_dca_and_lse(old_room):
     log = WORKSPACE / "logs" / f"{NAME}-test-dca.log"
     p = run([str(bin_dir / "test-dca")], log=log, timeout=1800)
     assert p.returncode == 0 and "160/160 cases passed" in p.stdout, f"see {log}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (CI has it)")
+def test_old_tree_cuda_sources_compile(old_room):
+    """The CUDA alternatives (the MMA kernel's older tile call and warp combine) compile: the same
+    objects as test_e2e_cuda_compile, for sm_86 and sm_90."""
+    from test_e2e_cuda_compile import OBJ, TARGETS, cuda_stubs
+
+    cuda_stubs()
+    assert old_dcaforge("render").returncode == 0
+    p = old_dcaforge("build", "--cuda", "-j", "2", "--targets", " ".join(OBJ + t for t in TARGETS))
+    assert p.returncode == 0, f"dcaforge build --cuda failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    for t in TARGETS:
+        assert (ROOM / "build-cuda" / OBJ / t).stat().st_size > 0
