@@ -405,7 +405,6 @@ def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree)
                             where=exc.where, details=exc.details,
                             hint="a hand-written part of the old manifest (when, alternatives) may not fit the room's "
                                  "tree any more: fix it in the feature folder and run `dcaforge templatize` again") from None
-    prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.rstrip("/") + "/"
     got = {rel: data.decode("utf-8") for rel, (data, _m) in p.outputs.items()}
     for rel in sorted(set(got) | set(feature.expected)):
         want = feature.expected.get(rel)
@@ -419,7 +418,6 @@ def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree)
             raise DcaforgeError(f"the generated templates do not render back to the room's {rel}",
                                 where=str(folder / "manifest.yaml"), details="\n".join(list(diff)[:20]),
                                 hint="this is a bug in templatize or in a hand-written part kept from the old manifest")
-    del prefix
 
 
 def templatize(cfg: Config) -> TemplatizeResult:
