@@ -115,18 +115,34 @@ def render(
     cfg = _config(config)
     if check or tree is not None:
         res = _call(lambda: rmod.check(cfg, tree))
-        table = Table(title=f"anchors on {res.tree}", show_lines=False)
-        for col in ("#", "file", "action", "matches", "status", "note"):
-            table.add_column(col)
+        # plain aligned lines (not a table that folds long paths): greppable in logs and CI
+        rows = [("#", "file", "action", "fit", "matches", "status", "note")]
+        rows += [(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}", e.status, e.note)
+                 for e in res.edits]
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        out.print(f"anchors on {res.tree}")
+        for k, row in enumerate(rows):
+            line = "  ".join(c.ljust(w) for c, w in zip(row[:6], widths, strict=True)) + ("  " + row[6] if row[6] else "")
+            style = None if k == 0 or row[5] == "ok" else ("dim" if row[5] == "skipped" else "red")
+            out.print(line.rstrip(), style=style)
+        fitted = [e for e in res.edits if e.status == "ok"]
+        alts = sum(1 for e in fitted if e.variant)
+        out.print(f"{len(fitted)} fit ({alts} by an alternative), "
+                  f"{sum(1 for e in res.edits if e.status == 'skipped')} skipped, "
+                  f"{sum(1 for e in res.edits if not e.fits)} do not fit, of {len(res.edits)} edits")
         for e in res.edits:
-            style = "green" if e.status == "ok" else ("dim" if e.status == "skipped" else "red")
-            table.add_row(str(e.index), e.file or "-", e.action, f"{e.matches}/{e.count}",
-                          Text(e.status, style=style), e.note)
-        out.print(table)
-        for e in res.edits:
-            if not e.fits and e.closest:
-                out.print(f"edit #{e.index} anchor {e.anchor!r}; {'closest' if e.status == 'missing' else 'matched'} lines:")
+            if e.fits:
+                continue
+            where = f"edit #{e.index} ({e.file or 'no file'}, manifest line {e.manifest_line})"
+            if e.status == "ambiguous":
+                out.print(f"{where}: {'anchor' if not e.variant else f'alternative {e.variant}'} {e.anchor!r} matched lines:",
+                          markup=False)
                 for c in e.closest:
+                    out.print(f"    {c}", markup=False)
+            for variant, anchor, _n, close in e.tried:
+                out.print(f"{where}: {'anchor' if not variant else f'alternative {variant}'} {anchor!r} matches nowhere; "
+                          "closest lines:", markup=False)
+                for c in close:
                     out.print(f"    {c}", markup=False)
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
@@ -168,7 +184,10 @@ def templatize(config: ConfigOpt = None) -> None:
 
     cfg = _config(config)
     res = _call(lambda: do_templatize(cfg))
-    out.print(f"wrote {res.folder}: {res.files} new files, {res.edits} anchored edits in {res.edited_files} files")
+    out.print(f"wrote {res.folder}: {res.files} new files, {res.edits} anchored edits in {res.edited_files} files"
+              + (f"; kept {res.kept} hand-written edits/files for other trees" if res.kept else ""))
+    for note in res.notes:
+        err.print(f"note: {note}", style="yellow")
     out.print("next: dcaforge capture, then dcaforge verify --fresh-render")
 
 

@@ -4,6 +4,11 @@ Every touched file starts from its content in the baseline commit, so rendering 
 the same bytes. Anchors are Python regexes that must match exactly ``count`` times; a missing
 or ambiguous anchor names the manifest, the edit, the target file, the anchor and the
 closest lines found. ``check`` reports per edit whether it fits, writing nothing.
+
+Trees differ between llama.cpp versions, so a manifest can choose by what the tree has: a file
+list (the first that exists), ``when_exists``, ``when`` (a Jinja expression over ``tree``, e.g.
+``tree.has(path)`` or ``tree.contains(path, text)``) on files, edits and alternatives, and per
+edit ``alternatives`` (other anchors, with their own text if needed; the first that fits wins).
 """
 
 from __future__ import annotations
@@ -36,6 +41,20 @@ class FileSpec:
     dest: str
     mode: int | None
     when_exists: str | None
+    when: str | None = None
+
+
+@dataclass(frozen=True)
+class AltSpec:
+    """One of an edit's ``alternatives``: tried in order when the anchors before it match nowhere."""
+
+    index: int  # 1-based, as `render --check` shows it
+    line: int
+    anchor: str
+    action: str | None = None  # None: the edit's
+    count: int | None = None
+    text: str | None = None
+    when: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,8 @@ class EditSpec:
     count: int
     action: str
     text: str
+    when: str | None = None
+    alternatives: tuple[AltSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,41 @@ def _relpath(r: Reader, key: str, value: str) -> str:
     return p.as_posix()
 
 
+def _when(r: Reader) -> str | None:
+    when = r.get("when", str)
+    if when is None:
+        return None
+    try:
+        _env(Path(".")).compile_expression(when)
+    except jinja2.TemplateSyntaxError as exc:
+        raise r.error("when", f"'{r.key('when')}' is not a valid Jinja expression: {exc.message}",
+                      hint="e.g. when: \"tree.has('src/models/gemma4.cpp')\"") from None
+    return when
+
+
+def _anchor(r: Reader) -> str:
+    anchor = r.get("anchor", str, required=True)
+    try:
+        re.compile(anchor)
+    except re.error as exc:
+        raise r.error("anchor", f"'{r.key('anchor')}' is not a valid regex: {exc}") from None
+    return anchor
+
+
+def _action(r: Reader, required: bool) -> str | None:
+    action = r.get("action", str, required=required)
+    if action is not None and action not in ACTIONS:
+        raise r.error("action", f"'{r.key('action')}' must be one of {', '.join(ACTIONS)}, got {action!r}")
+    return action
+
+
+def _count(r: Reader) -> int | None:
+    count = r.get("count", int)
+    if count is not None and count < 1:
+        raise r.error("count", f"'{r.key('count')}' must be at least 1, got {count}")
+    return count
+
+
 def load_manifest(folder: Path) -> Manifest:
     path = folder / "manifest.yaml"
     if not path.is_file():
@@ -93,7 +149,7 @@ def load_manifest(folder: Path) -> Manifest:
     for i, item in enumerate(raw_files):
         line = top.list_lines("files")[i]
         r = Reader(item, file, f"files[{i}]", line)
-        r.check_keys({"template", "dest", "mode", "when_exists"})
+        r.check_keys({"template", "dest", "mode", "when_exists", "when"})
         template = _relpath(r, "template", r.get("template", str, required=True))
         if not (folder / template).is_file():
             raise r.error("template", f"template file not found: {folder / template}")
@@ -101,32 +157,32 @@ def load_manifest(folder: Path) -> Manifest:
         files.append(FileSpec(index=i, line=line, template=template,
                               dest=_relpath(r, "dest", r.get("dest", str, required=True)),
                               mode=_mode(r, r.get("mode", (str, int))),
-                              when_exists=_relpath(r, "when_exists", when) if when else None))
+                              when_exists=_relpath(r, "when_exists", when) if when else None,
+                              when=_when(r)))
     edits: list[EditSpec] = []
     for i, item in enumerate(top.get("edits", list, default=[])):
         line = top.list_lines("edits")[i]
         r = Reader(item, file, f"edits[{i}]", line)
-        r.check_keys({"file", "when_exists", "anchor", "count", "action", "text"})
+        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "alternatives"})
         target = r.get("file", (str, list), required=True)
         cands = [target] if isinstance(target, str) else list(target)
         if not cands or not all(isinstance(c, str) for c in cands):
             raise r.error("file", f"'{r.key('file')}' must be a path or a non-empty list of paths")
-        anchor = r.get("anchor", str, required=True)
-        try:
-            re.compile(anchor)
-        except re.error as exc:
-            raise r.error("anchor", f"'{r.key('anchor')}' is not a valid regex: {exc}") from None
-        action = r.get("action", str, required=True)
-        if action not in ACTIONS:
-            raise r.error("action", f"'{r.key('action')}' must be one of {', '.join(ACTIONS)}, got {action!r}")
-        count = r.get("count", int, default=1)
-        if count < 1:
-            raise r.error("count", f"'{r.key('count')}' must be at least 1, got {count}")
+        anchor = _anchor(r)
+        action = _action(r, required=True)
+        count = _count(r) or 1
         when = r.get("when_exists", str)
+        alts: list[AltSpec] = []
+        raw_alts = r.get("alternatives", list, default=[])
+        for k, alt in enumerate(raw_alts):
+            ar = Reader(alt, file, f"edits[{i}].alternatives[{k}]", r.list_lines("alternatives")[k])
+            ar.check_keys({"anchor", "action", "count", "text", "when"})
+            alts.append(AltSpec(index=k + 1, line=ar.line, anchor=_anchor(ar), action=_action(ar, required=False),
+                                count=_count(ar), text=ar.get("text", str), when=_when(ar)))
         edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
                               when_exists=_relpath(r, "when_exists", when) if when else None,
-                              anchor=anchor, count=count, action=action,
-                              text=r.get("text", str, required=True)))
+                              anchor=anchor, count=count, action=action or "",
+                              text=r.get("text", str, required=True), when=_when(r), alternatives=tuple(alts)))
     return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
 
 
@@ -142,6 +198,7 @@ def manifest_digest(folder: Path) -> str:
 
 class Tree(Protocol):
     def exists(self, rel: str) -> bool: ...
+    def is_file(self, rel: str) -> bool: ...
     def read(self, rel: str) -> bytes: ...
     def mode(self, rel: str) -> int: ...
 
@@ -212,6 +269,15 @@ class EditReport:
     match_lines: list[int] = field(default_factory=list)
     closest: list[str] = field(default_factory=list)
     note: str = ""
+    variant: int | None = None  # what fitted: 0 = the edit's own anchor, k = alternatives[k - 1]
+    tried: list[tuple[int, str, int, list[str]]] = field(default_factory=list)  # (variant, anchor, matches, closest)
+
+    @property
+    def fit(self) -> str:
+        """``anchor``, ``alt K`` or ``-``: which anchor fitted, as `render --check` shows it."""
+        if self.variant is None:
+            return "-"
+        return "anchor" if self.variant == 0 else f"alt {self.variant}"
 
     @property
     def fits(self) -> bool:
@@ -249,8 +315,48 @@ def closest_lines(text: str, anchor: str, n: int = 3) -> list[str]:
     return [f"{i}: {line}" for _r, i, line in scored[:n]]
 
 
-def _context(cfg: Config) -> dict[str, Any]:
+class TreeFacts:
+    """What a template or a ``when:`` may ask about the tree being rendered onto (the baseline,
+    before this render's own files and edits); paths are relative to llama_cpp_dir."""
+
+    def __init__(self, tree: Tree, prefix: str) -> None:
+        self._tree = tree
+        self._prefix = prefix
+        self._texts: dict[str, str | None] = {}
+
+    def has(self, path: str) -> bool:
+        """The file or folder exists."""
+        return self._tree.exists(self._prefix + path)
+
+    def text(self, path: str) -> str | None:
+        """The file's text, or None when it is absent (or not UTF-8)."""
+        if path not in self._texts:
+            full = self._prefix + path
+            try:
+                self._texts[path] = self._tree.read(full).decode("utf-8") if self._tree.is_file(full) else None
+            except UnicodeDecodeError:
+                self._texts[path] = None
+        return self._texts[path]
+
+    def contains(self, path: str, text: str) -> bool:
+        """The file exists and holds ``text`` (a literal string, not a regex)."""
+        got = self.text(path)
+        return got is not None and text in got
+
+    def __repr__(self) -> str:
+        return "tree (has(path), contains(path, text))"
+
+
+CONTEXT_HINT = "the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), tree.contains(path, text))"
+
+
+def _prefix(cfg: Config) -> str:
+    return "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.rstrip("/") + "/"
+
+
+def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     return {
+        "tree": TreeFacts(tree, _prefix(cfg)) if tree is not None else None,
         "vars": cfg.feature.vars,
         "marker": cfg.feature.marker,
         "marker_comment": cfg.feature.marker,
@@ -270,7 +376,12 @@ def _render_str(env: jinja2.Environment, source: str, ctx: dict[str, Any], where
         return env.from_string(source).render(ctx)
     except jinja2.TemplateError as exc:
         raise ConfigError(f"template error: {exc}", where=where,
-                          hint="the context has: vars, marker, marker_comment, feature, llama_cpp_dir") from None
+                          hint=CONTEXT_HINT) from None
+
+
+def render_template(cfg: Config, tree: Tree, folder: Path, source: str, where: str) -> str:
+    """Render one template string as the renderer does (folder: for includes; tree: for ``tree``)."""
+    return _render_str(_env(folder), source, _context(cfg, tree), where)
 
 
 def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], folder: Path) -> str:
@@ -279,16 +390,58 @@ def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], fo
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"template syntax error: {exc.message}", where=f"{folder / template}:{exc.lineno}") from None
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"template error: {exc}", where=str(folder / template),
-                          hint="the context has: vars, marker, marker_comment, feature, llama_cpp_dir") from None
+        raise ConfigError(f"template error: {exc}", where=str(folder / template), hint=CONTEXT_HINT) from None
+
+
+def _true(env: jinja2.Environment, when: str | None, ctx: dict[str, Any], where: str) -> bool:
+    """Evaluate a ``when:`` expression (None: true)."""
+    if when is None:
+        return True
+    try:
+        return bool(env.compile_expression(when)(**ctx))
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"'when: {when}' failed: {exc}", where=where, hint=CONTEXT_HINT) from None
+
+
+def find_anchor(text: str, anchor: str) -> list[re.Match[str]]:
+    return list(re.finditer(anchor, text))
+
+
+def apply_edit(text: str, found: list[re.Match[str]], action: str, body: str) -> str:
+    """Apply one edit at every match of its anchor (``found``, matched against ``text``): the
+    rendered ``body`` is inserted before or after each match, or replaces it; for ``replace`` the
+    body is expanded as a ``re`` replacement template (``\\1``, ``\\g<name>``, escapes).
+    Raises re.error / IndexError on a bad group reference."""
+    for m in reversed(found):
+        if action == "insert_before":
+            text = text[: m.start()] + body + text[m.start():]
+        elif action == "insert_after":
+            text = text[: m.end()] + body + text[m.end():]
+        else:
+            text = text[: m.start()] + m.expand(body) + text[m.end():]
+    return text
+
+
+def _variants(edit: EditSpec) -> list[tuple[int, str, str, int, str, str | None, int]]:
+    """(variant, anchor, action, count, text, when, manifest line): the edit's own anchor, then its alternatives."""
+    out: list[tuple[int, str, str, int, str, str | None, int]] = [
+        (0, edit.anchor, edit.action, edit.count, edit.text, None, edit.line)]
+    for a in edit.alternatives:
+        out.append((a.index, a.anchor, a.action or edit.action, a.count or edit.count,
+                    edit.text if a.text is None else a.text, a.when, a.line))
+    return out
+
+
+def _label(variant: int) -> str:
+    return "anchor" if variant == 0 else f"alternatives[{variant - 1}]"
 
 
 def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) -> Plan:
     """Compute what rendering writes (nothing is written). ``check``: collect every edit's
     report instead of raising at the first that does not fit."""
     env = _env(manifest.folder)
-    ctx = _context(cfg)
-    prefix = "" if cfg.llama_cpp_dir == "." else cfg.llama_cpp_dir.rstrip("/") + "/"
+    ctx = _context(cfg, tree)
+    prefix = _prefix(cfg)
     outputs: dict[str, tuple[bytes, int]] = {}
     files_report: list[tuple[str, str]] = []
 
@@ -297,6 +450,9 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
 
     for spec in manifest.files:
         if spec.when_exists and not exists(spec.when_exists):
+            files_report.append((spec.dest, "skipped"))
+            continue
+        if not _true(env, spec.when, ctx, f"{manifest.where(spec.line)} (files[{spec.index}].when)"):
             files_report.append((spec.dest, "skipped"))
             continue
         text = _render_file(env, spec.template, ctx, manifest.folder)
@@ -315,6 +471,10 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             rep.status = "skipped"
             rep.note = f"{edit.when_exists} does not exist"
             continue
+        if not _true(env, edit.when, ctx, f"{manifest.where(edit.line)} (edits[{edit.index}].when)"):
+            rep.status = "skipped"
+            rep.note = f"when: {edit.when}"
+            continue
         chosen = next((c for c in edit.files if exists(c)), None)
         if chosen is None:
             rep.status = "no-file"
@@ -323,7 +483,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                 raise MismatchError(
                     f"edit #{edit.index} of {manifest.path.name}: no target file exists ({', '.join(edit.files)})",
                     where=manifest.where(edit.line),
-                    hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:'")
+                    hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:' or 'when:'")
             continue
         rep.file = chosen
         full = prefix + chosen
@@ -337,37 +497,59 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
                                       where=manifest.where(edit.line)) from None
         text = texts[full]
-        rx = re.compile(edit.anchor)
-        found = list(rx.finditer(text))
-        rep.matches = len(found)
-        rep.match_lines = [text.count("\n", 0, m.start()) + 1 for m in found]
-        if len(found) != edit.count:
-            rep.status = "missing" if not found else "ambiguous"
-            rep.closest = closest_lines(text, edit.anchor) if not found else \
-                [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in rep.match_lines[:5]]
+        fitted = None
+        for variant, anchor, action, count, body_src, when, line in _variants(edit):
+            if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
+                continue
+            found = find_anchor(text, anchor)
+            lines = [text.count("\n", 0, m.start()) + 1 for m in found]
+            if len(found) == count:
+                fitted = (variant, anchor, action, count, body_src, found, lines)
+                break
+            if found:  # matches, but not as often as required: an error, never a reason to try the next
+                rep.status = "ambiguous"
+                rep.variant, rep.anchor, rep.action, rep.count = variant, anchor, action, count
+                rep.matches, rep.match_lines = len(found), lines
+                rep.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
+                rep.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
+                break
+            rep.tried.append((variant, anchor, 0, closest_lines(text, anchor)))
+        if fitted is None:
+            if rep.status != "ambiguous":
+                rep.status = "missing"
+                rep.closest = rep.tried[0][3] if rep.tried else []
+                if edit.alternatives:
+                    rep.note = f"none of {len(rep.tried)} anchors matches"
+                if not rep.tried:
+                    rep.note = "no alternative's 'when' holds"
             if not check:
-                what = "matches nowhere" if not found else f"matches {len(found)} times, expected {edit.count}"
+                if rep.status == "ambiguous":
+                    raise MismatchError(
+                        f"edit #{edit.index} of {manifest.path.name}: {'anchor' if not rep.variant else _label(rep.variant)} "
+                        f"matches {rep.matches} times, expected {rep.count} in {full}",
+                        where=f"{manifest.where(edit.line)} -> {full}",
+                        details=f"anchor: {rep.anchor}\nmatched lines:\n" + "\n".join("  " + c for c in rep.closest),
+                        hint="make the anchor unique (try `dcaforge render --check`), or set 'count:'")
+                what = "anchor matches nowhere" if not edit.alternatives else \
+                    f"neither the anchor nor its {len(edit.alternatives)} alternatives match"
+                details = "\n".join(f"{_label(v) + ': ' if edit.alternatives else 'anchor: '}{a}\nclosest lines:\n"
+                                    + "\n".join("  " + c for c in close) for v, a, _n, close in rep.tried)
                 raise MismatchError(
-                    f"edit #{edit.index} of {manifest.path.name}: anchor {what} in {full}",
-                    where=f"{manifest.where(edit.line)} -> {full}",
-                    details=f"anchor: {edit.anchor}\n" + ("closest lines:\n" if not found else "matched lines:\n")
-                    + "\n".join("  " + c for c in rep.closest),
-                    hint="adjust the anchor (try `dcaforge render --check`), or guard the edit with 'when_exists:'")
+                    f"edit #{edit.index} of {manifest.path.name}: {what} in {full}",
+                    where=f"{manifest.where(edit.line)} -> {full}", details=details or rep.note,
+                    hint="adjust the anchor or add one to 'alternatives:' (try `dcaforge render --check`), "
+                         "or guard the edit with 'when_exists:' or 'when:'")
             continue
-        body = _render_str(env, edit.text, ctx, f"{manifest.where(edit.line)} (edits[{edit.index}].text)")
-        for m in reversed(found):
-            if edit.action == "insert_before":
-                text = text[: m.start()] + body + text[m.start():]
-            elif edit.action == "insert_after":
-                text = text[: m.end()] + body + text[m.end():]
-            else:
-                try:
-                    repl = m.expand(body)
-                except (re.error, IndexError) as exc:
-                    raise ConfigError(f"edit #{edit.index}: bad group reference in 'text': {exc}",
-                                      where=manifest.where(edit.line)) from None
-                text = text[: m.start()] + repl + text[m.end():]
-        texts[full] = text
+        variant, anchor, action, count, body_src, found, lines = fitted
+        rep.variant, rep.anchor, rep.action, rep.count = variant, anchor, action, count
+        rep.matches, rep.match_lines = len(found), lines
+        where = f"{manifest.where(edit.line)} (edits[{edit.index}].{'text' if variant == 0 else _label(variant) + '.text'})"
+        body = _render_str(env, body_src, ctx, where)
+        try:
+            texts[full] = apply_edit(text, found, action, body)
+        except (re.error, IndexError) as exc:
+            raise ConfigError(f"edit #{edit.index}: bad group reference in 'text': {exc}",
+                              where=manifest.where(edit.line)) from None
     for full, text in texts.items():
         mode = outputs[full][1] if full in outputs else tree.mode(full)
         outputs[full] = (text.encode("utf-8"), mode)

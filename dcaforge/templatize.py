@@ -6,8 +6,17 @@ C++ there, ``templatize`` turns the room's diff against the baseline into the fe
 ``capture`` / ``verify --fresh-render`` prove that the templates give exactly that tree.
 
 Anchors are whole lines, the fewest that are unique where the edit applies (edits are listed
-bottom-up within a file, so every anchor is matched against untouched text above). Every edit and
-every template is checked by rendering it back before anything is written.
+bottom-up within a file, so every anchor is matched against untouched text above). The new feature
+folder is checked by rendering it onto the baseline with the renderer itself (``render.plan``)
+before it replaces the old one: it must give exactly the room's files.
+
+What was written by hand in the old manifest for other trees survives (see ``merge``): an edit
+whose anchor is generated again keeps its ``file`` candidates, ``when_exists``, ``when`` and
+``alternatives``, and its text while that still renders to the room's text; edits and files that
+do not apply to the room's tree (skipped by ``when``/``when_exists``) are kept in place; a template
+that renders to the room's file is kept as it is (its Jinja survives), and a changed one holding
+hand-written Jinja is merged line by line (``git merge-file``). What could not be kept is listed in
+the result's ``notes``.
 """
 
 from __future__ import annotations
@@ -18,15 +27,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import jinja2
 import yaml
 
 from .capture import changed_paths, worktree_tree
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
 from .errors import DcaforgeError
-from .git import git, rev_parse, tree_of
+from .git import git, rev_parse, run, tree_of
+from .render import EditSpec, GitTree, Manifest, Tree, apply_edit, find_anchor, load_manifest, plan, render_template
 
 _JINJA_OPEN = re.compile(r"\{\{|\{%|\{#")
 _SPECIAL = {c: "\\" + c for c in "()[]{}?*+|^$\\."}
@@ -50,6 +60,7 @@ class Edit:
 class Feature:
     files: list[tuple[str, str, str | None]] = field(default_factory=list)  # dest, text, mode
     edits: list[Edit] = field(default_factory=list)
+    expected: dict[str, str] = field(default_factory=dict)  # room path -> the room's text (every changed file)
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class TemplatizeResult:
     files: int
     edits: int
     edited_files: int
+    kept: int = 0  # hand-written edits and files for other trees, kept as they were
+    notes: tuple[str, ...] = ()  # hand-written parts that could not be kept, and merges made
 
 
 def rx_escape(s: str) -> str:
@@ -74,15 +87,14 @@ def _count(anchor: str, text: str) -> int:
     return sum(1 for _ in re.finditer(anchor, text))
 
 
-def apply_edit(text: str, e: Edit) -> str:
-    """The renderer's semantics for one edit whose text is literal."""
-    m = re.search(e.anchor, text)
-    assert m is not None
-    if e.action == "insert_before":
-        return text[:m.start()] + e.text + text[m.start():]
-    if e.action == "insert_after":
-        return text[:m.end()] + e.text + text[m.end():]
-    return text[:m.start()] + e.text + text[m.end():]
+def _body(e: Edit) -> str:
+    """The edit's literal text as the renderer has it after Jinja (a replace text is a re template)."""
+    return e.text.replace("\\", "\\\\") if e.action == "replace" else e.text
+
+
+def _apply(text: str, e: Edit) -> str:
+    """The renderer's own apply_edit, for one edit whose text is literal."""
+    return apply_edit(text, find_anchor(text, e.anchor), e.action, _body(e))
 
 
 def file_edits(path: str, old: str, new: str) -> list[Edit]:
@@ -112,7 +124,7 @@ def file_edits(path: str, old: str, new: str) -> list[Edit]:
                 if lo < 0:
                     raise DcaforgeError(f"no unique anchor for the change at line {i1 + 1}", where=path)
             e = Edit(path, line_anchor(a[lo:i2]), "replace", "".join(a[lo:i1]) + added)
-        cur = apply_edit(cur, e)
+        cur = _apply(cur, e)
         edits.append(e)
     if cur != new:
         raise DcaforgeError("the generated edits do not reproduce the file", where=path)
@@ -133,14 +145,6 @@ def escape_template(text: str, marker: str, *, for_replace: bool) -> str:
         if i < len(parts) - 1:
             out.append("{{ marker }}")
     return "".join(out)
-
-
-def _render_back(template: str, marker: str, for_replace: bool) -> str:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    got = env.from_string(template).render(marker=marker)
-    if for_replace:
-        got = re.match("(?s).*", "").expand(got)  # type: ignore[union-attr]
-    return got
 
 
 class _Dumper(yaml.SafeDumper):
@@ -175,6 +179,7 @@ def feature_of(room: Path, base_rev: str, prefix: str) -> Feature:
             new = file.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise DcaforgeError(f"{path} is not UTF-8 text: templates hold text only", where=str(file)) from e
+        feature.expected[path] = new
         if not old.ok:
             mode = "0755" if file.stat().st_mode & 0o111 else None
             feature.files.append((rel, new, mode))
@@ -186,42 +191,233 @@ def feature_of(room: Path, base_rev: str, prefix: str) -> Feature:
     return feature
 
 
-def write_feature(feature: Feature, folder: Path, marker: str) -> None:
-    """Write manifest.yaml and files/ into a fresh folder, replacing the old one only at the end."""
+# --- merging with the old manifest: what was written by hand survives --------------------
+
+_GENERATED = re.compile(r"\{% raw %\}.*?\{% endraw %\}|\{\{ marker(?:_comment)? \}\}", re.S)
+
+
+def hand_written(template: str) -> bool:
+    """Whether a template holds Jinja that templatize does not write (conditions, expressions)."""
+    return bool(_JINJA_OPEN.search(_GENERATED.sub("", template)))
+
+
+def _alt_dict(a: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    if a.when is not None:
+        d["when"] = a.when
+    d["anchor"] = a.anchor
+    for key in ("action", "count", "text"):
+        if getattr(a, key) is not None:
+            d[key] = getattr(a, key)
+    return d
+
+
+def _edit_dict(e: EditSpec, file: str | None = None, anchor: str | None = None, action: str | None = None,
+               text: str | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"file": list(e.files) if len(e.files) > 1 else (file or e.files[0])}
+    if e.when_exists:
+        d["when_exists"] = e.when_exists
+    if e.when is not None:
+        d["when"] = e.when
+    d["anchor"] = anchor if anchor is not None else e.anchor
+    if e.count != 1 and anchor is None:
+        d["count"] = e.count
+    d["action"] = action or e.action
+    d["text"] = text if text is not None else e.text
+    if e.alternatives:
+        d["alternatives"] = [_alt_dict(a) for a in e.alternatives]
+    return d
+
+
+def _file_dict(template: str, dest: str, mode: str | None, old: Any = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"template": template, "dest": dest}
+    if mode:
+        d["mode"] = mode
+    if old is not None and old.when_exists:
+        d["when_exists"] = old.when_exists
+    if old is not None and old.when is not None:
+        d["when"] = old.when
+    return d
+
+
+def _edit_name(e: EditSpec) -> str:
+    return f"edit #{e.index} ({e.files[0]}, manifest line {e.line})"
+
+
+@dataclass
+class _Merged:
+    files: list[dict[str, Any]] = field(default_factory=list)
+    edits: list[dict[str, Any]] = field(default_factory=list)
+    templates: dict[str, str] = field(default_factory=dict)  # template path -> text to write
+    extra: list[str] = field(default_factory=list)  # other files of the old folder (includes), copied
+    kept: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _merge_file(ours: str, base: str, theirs: str, scratch: Path) -> str | None:
+    """``git merge-file``: the hand-written template with the room's change applied; None on a conflict."""
+    paths = []
+    for name, text in (("ours", ours), ("base", base), ("theirs", theirs)):
+        path = scratch / name
+        path.write_text(text, encoding="utf-8", newline="")
+        paths.append(str(path))
+    p = run(["git", "merge-file", "-p", *paths], scratch, check=False, what="git merge-file")
+    return p.stdout if p.returncode == 0 else None
+
+
+def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scratch: Path) -> _Merged:
+    """The new manifest: the room's changes (feature), with the old manifest's hand-written parts."""
+    marker = cfg.feature.marker
+    out = _Merged()
+    old_report = plan(cfg, tree, old, check=True) if old is not None else None
+
+    def render(folder: Path, source: str, where: str) -> str:
+        return render_template(cfg, tree, folder, source, where)
+
+    # new files
+    old_files = {f.dest: f for f in old.files} if old is not None else {}
+    for dest, text, mode in sorted(feature.files):
+        generated = escape_template(text, marker, for_replace=False)
+        o = old_files.get(dest)
+        tpl = o.template if o is not None else (Path("files") / f"{dest}.j2").as_posix()
+        body = generated
+        if o is not None and old is not None:
+            source = (old.folder / o.template).read_text(encoding="utf-8")
+            if source != generated and render(old.folder, source, str(old.folder / o.template)) == text:
+                body = source  # renders to the room's file as it is: keep it, Jinja and all
+            elif source != generated and hand_written(source):
+                base = escape_template(render(old.folder, source, str(old.folder / o.template)), marker, for_replace=False)
+                merged = _merge_file(source, base, generated, scratch)
+                if merged is not None and render(old.folder, merged, str(old.folder / o.template)) == text:
+                    body = merged
+                    out.notes.append(f"merged the room's changes into the hand-written template {tpl}: review it")
+                else:
+                    out.notes.append(f"{tpl}: the room's changes conflict with its hand-written Jinja, which is lost: "
+                                     f"re-add it (the old template: git show HEAD:<feature folder>/{tpl})")
+        out.templates[tpl] = body
+        out.files.append(_file_dict(tpl, dest, mode, o))
+    if old is not None and old_report is not None:
+        generated_dests = {d for d, _t, _m in feature.files}
+        for spec, (_dest, status) in zip(old.files, old_report.files, strict=True):
+            if spec.dest not in generated_dests and status == "skipped":  # for other trees: keep
+                out.templates[spec.template] = (old.folder / spec.template).read_text(encoding="utf-8")
+                out.files.append(_file_dict(spec.template, spec.dest, None if spec.mode is None else f"0{spec.mode:o}", spec))
+                out.kept += 1
+        used = {f.template for f in old.files}
+        for p in sorted(old.folder.rglob("*")):
+            rel = p.relative_to(old.folder).as_posix()
+            if p.is_file() and rel != "manifest.yaml" and rel not in used and rel not in out.templates:
+                out.extra.append(rel)
+
+    # edits, file by file in the order templatize lists them
+    old_edits = list(old.edits) if old is not None else []
+    used_old: dict[int, dict[str, Any]] = {}
+    base_texts: dict[str, str] = {}
+    prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.rstrip("/") + "/"
+    for g in feature.edits:
+        generated = escape_template(g.text, marker, for_replace=g.action == "replace")
+        cur = base_texts[g.file] if g.file in base_texts else tree.read(prefix + g.file).decode("utf-8")
+        found = find_anchor(cur, g.anchor)
+        base_texts[g.file] = apply_edit(cur, found, g.action, _body(g))
+        oe = next((e for e in old_edits if e.index not in used_old and g.file in e.files and e.anchor == g.anchor), None)
+        if oe is None:
+            entry = {"file": g.file, "anchor": g.anchor, "action": g.action, "text": generated}
+            out.edits.append(entry)
+            continue
+        text = generated
+        if oe.text != generated and old is not None:
+            try:
+                kept = apply_edit(cur, found, g.action,
+                                  render(old.folder, oe.text, f"{old.where(oe.line)} (edits[{oe.index}].text)"))
+            except (re.error, IndexError):
+                kept = None
+            if kept == base_texts[g.file]:
+                text = oe.text
+            elif hand_written(oe.text):
+                out.notes.append(f"{_edit_name(oe)}: the room changed its text, so its hand-written Jinja is lost: re-add it")
+        if text == generated and oe.text != text and any(a.text is not None for a in oe.alternatives):
+            out.notes.append(f"{_edit_name(oe)}: the room changed its text; its alternatives' own texts are kept "
+                             "as they were: review them")
+        entry = _edit_dict(oe, file=g.file, anchor=g.anchor, action=g.action, text=text)
+        used_old[oe.index] = entry
+        out.edits.append(entry)
+    if old is not None and old_report is not None:
+        for oe, rep in zip(old_edits, old_report.edits, strict=True):
+            if oe.index in used_old:
+                continue
+            if rep.status == "skipped":  # written for other trees: keep it where it was
+                entry = _edit_dict(oe)
+                # after the edit that preceded it; else before the first edit of its file; else last
+                prev = next((used_old[j] for j in range(oe.index - 1, -1, -1) if j in used_old), None)
+                if prev is not None:
+                    pos = next(k for k, x in enumerate(out.edits) if x is prev) + 1
+                else:
+                    pos = next((k for k, x in enumerate(out.edits) if x["file"] == entry["file"]), len(out.edits))
+                out.edits.insert(pos, entry)
+                used_old[oe.index] = entry
+                out.kept += 1
+            elif oe.alternatives or oe.when is not None or oe.when_exists or len(oe.files) > 1 or hand_written(oe.text):
+                out.notes.append(f"{_edit_name(oe)}: its anchor is no longer what the room's change needs; the edit and "
+                                 "what was written by hand in it (alternatives, when, file list) are dropped: re-add them")
+    return out
+
+
+def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> _Merged:
+    """Write manifest.yaml and the templates into a fresh folder, check that it renders the room's
+    files exactly, and only then replace the old folder."""
     folder.parent.mkdir(parents=True, exist_ok=True)
+    old = load_manifest(folder) if (folder / "manifest.yaml").is_file() else None
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=".templatize-"))
     try:
-        files = []
-        for dest, text, mode in sorted(feature.files):
-            body = escape_template(text, marker, for_replace=False)
-            if _render_back(body, marker, False) != text:
-                raise DcaforgeError("a new file does not render back to itself", where=dest)
-            tpl = Path("files") / f"{dest}.j2"
-            (tmp / tpl).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / tpl).write_text(body, encoding="utf-8", newline="")
-            entry = {"template": tpl.as_posix(), "dest": dest}
-            if mode:
-                entry["mode"] = mode
-            files.append(entry)
-        edits = []
-        for e in feature.edits:
-            body = escape_template(e.text, marker, for_replace=e.action == "replace")
-            if _render_back(body, marker, e.action == "replace") != e.text:
-                raise DcaforgeError("an edit does not render back to itself", where=e.file)
-            edits.append({"file": e.file, "anchor": e.anchor, "action": e.action, "text": body})
-        doc = yaml.dump({"files": files, "edits": edits}, Dumper=_Dumper, sort_keys=False, width=1000,
+        merged = merge(cfg, feature, old, tree, scratch)
+        for rel, text in merged.templates.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text, encoding="utf-8", newline="")
+        for rel in merged.extra:
+            assert old is not None
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(old.folder / rel, tmp / rel)
+        doc = yaml.dump({"files": merged.files, "edits": merged.edits}, Dumper=_Dumper, sort_keys=False, width=1000,
                         allow_unicode=True)
         (tmp / "manifest.yaml").write_text(HEADER + doc, encoding="utf-8", newline="")
+        _check_renders_back(cfg, feature, tmp, tree)
         if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
+            backup = folder.with_name(f".{folder.name}.old")
+            shutil.rmtree(backup, ignore_errors=True)
+            folder.rename(backup)
             tmp.rename(folder)
-            shutil.rmtree(old)
+            shutil.rmtree(backup)
         else:
             tmp.rename(folder)
+        return merged
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> None:
+    """The renderer itself, on the baseline, must give exactly the room's changed files."""
+    try:
+        p = plan(cfg, tree, load_manifest(folder))
+    except DcaforgeError as exc:
+        raise DcaforgeError(f"the generated templates do not render on the baseline: {exc.message}",
+                            where=exc.where, details=exc.details,
+                            hint="a hand-written part of the old manifest (when, alternatives) may not fit the room's "
+                                 "tree any more: fix it in the feature folder and run `dcaforge templatize` again") from None
+    got = {rel: data.decode("utf-8") for rel, (data, _m) in p.outputs.items()}
+    for rel in sorted(set(got) | set(feature.expected)):
+        want = feature.expected.get(rel)
+        if want is None:
+            base = tree.read(rel).decode("utf-8") if tree.is_file(rel) else None
+            if got[rel] == base:
+                continue
+        if got.get(rel) != want:
+            diff = difflib.unified_diff((want or "").splitlines(), (got.get(rel) or "").splitlines(),
+                                        "room", "rendered", n=1, lineterm="")
+            raise DcaforgeError(f"the generated templates do not render back to the room's {rel}",
+                                where=str(folder / "manifest.yaml"), details="\n".join(list(diff)[:20]),
+                                hint="this is a bug in templatize or in a hand-written part kept from the old manifest")
 
 
 def templatize(cfg: Config) -> TemplatizeResult:
@@ -233,6 +429,7 @@ def templatize(cfg: Config) -> TemplatizeResult:
             raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="dcaforge apply")
         prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.strip("/")
         feature = feature_of(room.path, base, prefix)
-        write_feature(feature, cfg.feature.templates, cfg.feature.marker)
+        merged = write_feature(cfg, feature, cfg.feature.templates, GitTree(room.path, base))
     return TemplatizeResult(folder=cfg.feature.templates, files=len(feature.files), edits=len(feature.edits),
-                            edited_files=len({e.file for e in feature.edits}))
+                            edited_files=len({e.file for e in feature.edits}), kept=merged.kept,
+                            notes=tuple(merged.notes))

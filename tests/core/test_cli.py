@@ -70,3 +70,37 @@ def test_cli_render_check_exits_2_on_missing_anchor(project) -> None:
     assert r.exit_code == 2 and "missing" in r.output and "int line_010" in r.output
     r = _run("render", "-c", c)
     assert r.exit_code == 2 and "anchor matches nowhere" in r.output
+
+
+def test_cli_render_check_says_which_alternative_fits(project) -> None:
+    c = str(project.config_path)
+    assert _run("apply", "-c", c, "--no-render").exit_code == 0
+    write_feature(project.work, textwrap.dedent("""\
+        edits:
+          - file: src/llama.cpp
+            anchor: 'int line_0100 = 100;'
+            action: replace
+            text: 'x'
+            alternatives:
+              - anchor: 'int line_010 = 10;'
+          - file: src/llama.cpp
+            when: "tree.has('src/old.cpp')"
+            anchor: 'nothing'
+            action: replace
+            text: 'y'
+        """))
+    r = _run("render", "-c", c, "--check")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[1].split() == ["#", "file", "action", "fit", "matches", "status", "note"]
+    assert lines[2].split() == ["0", "src/llama.cpp", "replace", "alt", "1", "1/1", "ok"]
+    assert lines[3].split()[:6] == ["1", "-", "replace", "-", "0/1", "skipped"]
+    assert "when: tree.has('src/old.cpp')" in lines[3]
+    assert "1 fit (1 by an alternative), 1 skipped, 0 do not fit, of 2 edits" in r.output
+    other = project.tmp / "other"
+    (other / "src").mkdir(parents=True)
+    (other / "src/llama.cpp").write_text("int line_011 = 11;\n")
+    r = _run("render", "-c", c, "--check", "--tree", str(other))
+    assert r.exit_code == 2
+    assert "edit #0 (src/llama.cpp, manifest line 2): alternative 1 'int line_010 = 10;' matches nowhere; closest lines:" in r.output
+    assert "    1: int line_011 = 11;" in r.output

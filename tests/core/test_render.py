@@ -207,3 +207,165 @@ def test_interrupted_render_is_not_mistaken_for_hand_edits(project, monkeypatch)
     r = render(cfg)  # no "hand edits" refusal
     assert (cfg.room / "src/llama-dca.cpp").read_text() == "v2\n"
     assert (cfg.room / "tools/dca.sh").read_text() == "#!/bin/sh\necho v2\n" and r.written
+
+
+# --- trees that differ: alternatives and conditions over tree facts ------------------------
+
+DRIFT_MANIFEST = """\
+    files:
+      - template: src/llama-dca.cpp.j2
+        dest: src/llama-dca.cpp
+        when: "tree.has('src/models/gemma4.cpp')"
+      - template: tools/dca.sh.j2
+        dest: tools/dca.sh
+        when: "tree.has('src/models/gemma4-iswa.cpp')"
+    edits:
+      - file: src/models/gemma4.cpp
+        anchor: 'Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors,'
+        action: replace
+        text: 'Kcur = dca_rope(rope_factors,'
+        alternatives:
+          - anchor: 'Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, freq_factors,'
+          - anchor: 'Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, nullptr,'
+            text: 'Kcur = dca_rope(nullptr, /* {{ feature.id }} */'
+      - file: src/llama.cpp
+        when: "tree.contains('src/models/gemma4.cpp', 'build_attn(inp_attn')"
+        anchor: '(?m)^int line_001 = 1;\\n'
+        action: insert_after
+        text: "{% if tree.contains('CMakeLists.txt', 'add_library') %}int lib = 1;{% else %}int lib = 0;{% endif %}\\n"
+      - file: src/llama.cpp
+        when: "not tree.has('src/models/gemma4.cpp')"
+        anchor: 'never matches'
+        action: replace
+        text: 'x'
+    """
+
+
+def test_alternatives_first_fit_wins_and_when_reads_the_tree(project) -> None:
+    cfg = project.config
+    apply(cfg, render=False)
+    _manifest(project, DRIFT_MANIFEST)
+    res = check(cfg)
+    assert res.ok
+    assert [(e.index, e.status, e.fit, e.matches) for e in res.edits] == [
+        (0, "ok", "alt 2", 1), (1, "ok", "anchor", 1), (2, "skipped", "-", 0)]
+    assert res.edits[0].anchor == "Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, nullptr,"  # what fitted
+    assert [a for _v, a, _n, _c in res.edits[0].tried][:1] == ["Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors,"]
+    assert res.edits[2].note == "when: not tree.has('src/models/gemma4.cpp')"
+    assert res.files == [("src/llama-dca.cpp", "rendered"), ("tools/dca.sh", "skipped")]
+    render(cfg)
+    assert "        Kcur = dca_rope(nullptr, /* 0078-dca */ n_rot, rope_type);\n" in \
+        (cfg.room / "src/models/gemma4.cpp").read_text()
+    assert (cfg.room / "src/llama.cpp").read_text().startswith("int line_001 = 1;\nint lib = 1;\nint line_002")
+    assert not (cfg.room / "tools/dca.sh").exists()
+
+
+def test_alternatives_on_another_tree_and_an_alternative_inherits_the_text(project) -> None:
+    cfg = project.config
+    _manifest(project, DRIFT_MANIFEST)
+    other = project.tmp / "other-tree"
+    (other / "src/models").mkdir(parents=True)
+    (other / "src/models/gemma4-iswa.cpp").write_text("  Kcur = ggml_rope_ext(ctx0, Kcur, inp_pos, freq_factors, n_rot);\n")
+    (other / "src/llama.cpp").write_text("int line_001 = 1;\n")
+    (other / "CMakeLists.txt").write_text("project(x)\n")
+    # gemma4.cpp is absent here: the first edit's file list does not name the -iswa file
+    res = check(cfg, other)
+    assert [(e.status, e.note) for e in res.edits] == [
+        ("no-file", "none of src/models/gemma4.cpp exists"), ("skipped", "when: tree.contains('src/models/gemma4.cpp', "
+                                                            "'build_attn(inp_attn')"), ("missing", "")]
+    assert res.files == [("src/llama-dca.cpp", "skipped"), ("tools/dca.sh", "rendered")]
+    (other / "src/models/gemma4.cpp").write_text("  Kcur = ggml_rope_ext(ctx0, Kcur, inp_pos, freq_factors, n_rot);\n")
+    res = check(cfg, other)
+    assert [(e.status, e.fit) for e in res.edits][:1] == [("ok", "alt 1")]
+    # the tree is only read
+    assert (other / "src/models/gemma4.cpp").read_text().startswith("  Kcur = ggml_rope_ext(")
+
+
+def test_ambiguous_alternative_stops_even_when_a_later_one_fits(project) -> None:
+    cfg = project.config
+    apply(cfg, render=False)
+    _manifest(project, """\
+        edits:
+          - file: src/models/gemma4.cpp
+            anchor: 'no such line'
+            action: insert_before
+            text: '/*dca*/'
+            alternatives:
+              - anchor: 'ggml_rope_ext\\('
+              - anchor: 'Kcur = ggml_rope_ext\\('
+        """)
+    res = check(cfg)
+    e = res.edits[0]
+    assert (e.status, e.fit, e.matches, e.count) == ("ambiguous", "alt 1", 2, 1)
+    assert e.note == "alternatives[0] matches 2 times"
+    with pytest.raises(MismatchError) as exc:
+        render(cfg)
+    assert exc.value.message == ("edit #0 of manifest.yaml: alternatives[0] matches 2 times, expected 1 "
+                                 "in src/models/gemma4.cpp")
+    assert "5:         Qcur = ggml_rope_ext" in (exc.value.details or "")
+
+
+def test_no_alternative_fits_names_each_with_its_closest_lines(project) -> None:
+    cfg = project.config
+    apply(cfg, render=False)
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            anchor: 'int line_0100 = 100;'
+            action: replace
+            text: 'x'
+            alternatives:
+              - anchor: 'int line_0200 = 200;'
+                text: 'y'
+        """)
+    with pytest.raises(MismatchError) as exc:
+        render(cfg)
+    e = exc.value
+    assert e.exit_code == 2
+    assert e.message == "edit #0 of manifest.yaml: neither the anchor nor its 1 alternatives match in src/llama.cpp"
+    details = e.details or ""
+    assert details.startswith("anchor: int line_0100 = 100;\nclosest lines:\n  ")
+    assert "\nalternatives[0]: int line_0200 = 200;\nclosest lines:\n  " in details
+    assert "add one to 'alternatives:'" in (e.hint or "")
+
+
+def test_when_errors_name_the_manifest_line(project) -> None:
+    cfg = project.config
+    apply(cfg, render=False)
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            when: "tree.has('x'"
+            anchor: 'x'
+            action: replace
+            text: 'y'
+        """)
+    with pytest.raises(ConfigError, match="not a valid Jinja expression") as exc:
+        render(cfg)
+    assert exc.value.where == f"{project.feature / 'manifest.yaml'}:3"
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            anchor: 'int line_001 = 1;'
+            action: replace
+            text: 'y'
+            alternatives:
+              - anchor: 'x'
+                when: "tree.exists('x')"
+                colour: red
+        """)
+    with pytest.raises(ConfigError) as exc:
+        render(cfg)
+    assert exc.value.message == "unknown key 'edits[0].alternatives[0].colour'"
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            when: "tree.exists('x')"
+            anchor: 'int line_001 = 1;'
+            action: replace
+            text: 'y'
+        """)
+    with pytest.raises(ConfigError, match="'when: tree.exists\\('x'\\)' failed") as exc:
+        render(cfg)
+    assert (exc.value.where or "").endswith("manifest.yaml:2 (edits[0].when)")
+    assert "tree.has(path), tree.contains(path, text)" in (exc.value.hint or "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,116 @@ def test_render_after_templatize_is_not_blocked_by_the_templated_edits(project) 
     (cfg.room / "src/llama-new.cpp").write_text("changed by hand\n")
     with pytest.raises(DcaforgeError, match="hand edits"):
         render(cfg)
+
+
+def _hand_write(cfg) -> str:
+    """What a user adds by hand to a generated manifest for other trees: alternatives, a condition,
+    an edit only for trees without a file, a template with a tree condition. Returns the manifest."""
+    import yaml
+
+    folder = cfg.feature.templates
+    doc = yaml.safe_load((folder / "manifest.yaml").read_text())
+    edits = doc["edits"]
+    cmake = next(k for k, e in enumerate(edits) if e["file"] == "CMakeLists.txt")  # conftest's feature made it
+    edits[cmake]["alternatives"] = [{"anchor": "(?m)^project\\(llama-old\\)\\n"},
+                                    {"when": "tree.has('src/old.cpp')", "anchor": "x", "text": "y\\n"}]
+    top = next(k for k, e in enumerate(edits) if e["anchor"] == "(?m)^int line_060 = 60;\\n")
+    edits[top] = {"file": "src/llama.cpp", "when": "tree.has('src/llama.cpp')",
+                  **{k: v for k, v in edits[top].items() if k != "file"}}  # templatize's order of keys
+    edits.insert(top, {"file": "src/llama.cpp", "when": "not tree.has('src/models/gemma4.cpp')",
+                       "anchor": "(?m)^int line_030 = 30;\\n", "action": "insert_after",
+                       "text": "int only_on_old_trees = 1; {{ marker }}\\n"})
+    new = folder / "files/src/llama-new.cpp.j2"
+    text = new.read_text()
+    # a tree condition in a new file, rendering the same on the room's tree
+    assert text.startswith("{{ marker }}{% raw %}\n")
+    new.write_text(text.replace("{{ marker }}", "{{ marker }}{% if not tree.has('src/models/gemma4.cpp') %}\n"
+                                "int old_tree = 1;{% endif %}", 1))
+    from dcaforge.templatize import HEADER, _Dumper
+    (folder / "manifest.yaml").write_text(HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000))
+    return (folder / "manifest.yaml").read_text()
+
+
+def test_templatize_keeps_what_was_written_by_hand(project) -> None:
+    """alternatives, when, edits and template conditions for other trees survive templatize, also
+    after more changes in the room; a fresh render still gives the room's files exactly."""
+    cfg = project.config
+    apply(cfg)
+    _edit_room(cfg.room)
+    templatize(cfg)
+    manifest = _hand_write(cfg)
+    new_tpl = (cfg.feature.templates / "files/src/llama-new.cpp.j2").read_text()
+    # nothing changed in the room: templatize gives the same folder, byte for byte
+    res = templatize(cfg)
+    assert (res.kept, res.notes) == (3, ())  # with the two of conftest's manifest (src/never.cpp, llama-iswa.cpp)
+    assert (cfg.feature.templates / "manifest.yaml").read_text() == manifest
+    assert (cfg.feature.templates / "files/src/llama-new.cpp.j2").read_text() == new_tpl
+    # the room changes: a line of the new file (not the conditional one) and another edit's text
+    new = cfg.room / "src/llama-new.cpp"
+    new.write_text(new.read_text() + "int appended = 2;\n")
+    llama = cfg.room / "src/llama.cpp"
+    llama.write_text(llama.read_text().replace("int dca_inserted = 1;", "int dca_inserted = 2;"))
+    expected = {rel: (cfg.room / rel).read_text() for rel in ("src/llama.cpp", "src/llama-new.cpp")}
+    res = templatize(cfg)
+    assert res.kept == 3
+    assert res.notes == ("merged the room's changes into the hand-written template files/src/llama-new.cpp.j2: review it",)
+    m = load_manifest(cfg.feature.templates)
+    cmake = next(e for e in m.edits if e.files == ("CMakeLists.txt",))
+    assert [a.anchor for a in cmake.alternatives] == ["(?m)^project\\(llama-old\\)\\n", "x"]
+    assert cmake.alternatives[1].when == "tree.has('src/old.cpp')" and cmake.alternatives[1].text == "y\\n"
+    top = next(k for k, e in enumerate(m.edits) if e.anchor == "(?m)^int line_060 = 60;\\n")
+    assert m.edits[top].when == "tree.has('src/llama.cpp')"
+    assert m.edits[top - 1].when == "not tree.has('src/models/gemma4.cpp')" and "only_on_old_trees" in m.edits[top - 1].text
+    tpl = (cfg.feature.templates / "files/src/llama-new.cpp.j2").read_text()
+    assert tpl.startswith("{{ marker }}{% if not tree.has('src/models/gemma4.cpp') %}\nint old_tree = 1;{% endif %}")
+    assert tpl.endswith("int appended = 2;\n{% endraw %}")
+    # the templates render the room's files exactly, and on a tree without gemma4.cpp the hand-written parts apply
+    patch = capture(cfg).path
+    apply(cfg, fresh=True)
+    for rel, text in expected.items():
+        assert (cfg.room / rel).read_text() == text
+    verify(cfg, patch, fresh_render=True)
+    from dcaforge.render import check
+    other = project.tmp / "old-tree"
+    (other / "src").mkdir(parents=True)
+    (other / "src/llama.cpp").write_text((project.source / "src/llama.cpp").read_text())
+    res2 = check(cfg, other)
+    assert [e.status for e in res2.edits if "only_on_old_trees" in m.edits[e.index].text] == ["ok"]
+
+
+def test_templatize_notes_hand_written_parts_it_cannot_keep(project) -> None:
+    cfg = project.config
+    apply(cfg)
+    _edit_room(cfg.room)
+    templatize(cfg)
+    _hand_write(cfg)
+    # the room drops the change that the edit with the alternatives made
+    (cfg.room / "CMakeLists.txt").write_text((project.source / "CMakeLists.txt").read_text())
+    res = templatize(cfg)
+    assert len(res.notes) == 1 and "(CMakeLists.txt, manifest line " in res.notes[0]
+    assert "alternatives, when, file list) are dropped" in res.notes[0]
+    m = load_manifest(cfg.feature.templates)
+    assert not any(e.alternatives for e in m.edits)
+    assert any(e.when == "not tree.has('src/models/gemma4.cpp')" for e in m.edits)  # the other-tree edit stays
+
+
+def test_templatize_refuses_a_hand_written_part_that_breaks_the_room(project) -> None:
+    cfg = project.config
+    apply(cfg)
+    _edit_room(cfg.room)
+    templatize(cfg)
+    before = (cfg.feature.templates / "manifest.yaml").read_text()
+    # an edit kept for other trees whose condition is true on the room's tree, anchored nowhere
+    (cfg.feature.templates / "manifest.yaml").write_text(before + textwrap.dedent("""\
+        - file: src/llama.cpp
+          when: "tree.has('src/models/gemma4.cpp')"
+          anchor: 'no such line'
+          action: replace
+          text: x
+        """))
+    broken = (cfg.feature.templates / "manifest.yaml").read_text()
+    # it does not fit the room's tree, so it is not kept, and that is said
+    res = templatize(cfg)
+    assert any("no longer what the room's change needs" in n for n in res.notes)
+    assert (cfg.feature.templates / "manifest.yaml").read_text() == before
+    assert broken != before
