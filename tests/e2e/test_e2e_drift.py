@@ -5,8 +5,10 @@ CI proves that every anchor fits both trees (`dcaforge render --check`, some by 
 alternative or condition) and that the old tree's render compiles: every C/C++ file the feature
 touches or adds in src/, ggml/src/ggml-cpu/ and ggml/src/ggml.c, and tests/test-dca.cpp, as single
 objects through `dcaforge build --targets` (no link; about 15 objects instead of the 220 steps of a
-full build). The full build with test-dca and test-backend-ops is opt-in (DCAFORGE_E2E_DRIFT_FULL=1);
-its results are in tests/e2e/RESULTS-drift.md.
+full build), then builds llama, test-dca and test-backend-ops there and runs test-dca (160 cases against its
+double-precision reference) and the LSE op's test-backend-ops on the CPU: the older tree's DCA is exact, not only
+compiled (5-10 min on 2 cores without ccache hits; DCAFORGE_E2E_DRIFT_FULL=0 leaves it out locally).
+Results: tests/e2e/RESULTS-drift.md.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ def test_old_tree_render_compiles(old_room):
     assert p.returncode == 0, f"the old tree's render does not compile:\n{p.stdout}\n{p.stderr[-4000:]}"
 
 
-@pytest.mark.skipif(os.environ.get("DCAFORGE_E2E_DRIFT_FULL") != "1",
-                    reason="full build of the old tree: set DCAFORGE_E2E_DRIFT_FULL=1 (results in RESULTS-drift.md)")
+@pytest.mark.skipif(os.environ.get("DCAFORGE_E2E_DRIFT_FULL") == "0",
+                    reason="DCAFORGE_E2E_DRIFT_FULL=0: the full build of the old tree is left out")
 def test_old_tree_builds_and_passes_test_dca_and_lse(old_room):
     assert old_dcaforge("render").returncode == 0
     p = old_dcaforge("build", "--targets", "llama test-dca test-backend-ops")
