@@ -133,7 +133,8 @@ export OUT BIN
 # runs the lines of a job file, $PAR at a time (one GPU: the runs share it; passkey scores do not depend on speed)
 run_jobs() {
     local jobs=$1 par=${PAR:-4}
-    xargs -d '\n' -P "$par" -I{} bash -c "COMMON=(${COMMON[*]} -t 4 -tb 4); {}" < "$jobs"
+    local t=$(( 16 / par )); [ $t -lt 2 ] && t=2   # the host's 16 cores, shared by the runs in flight
+    xargs -d '\n' -P "$par" -I{} bash -c "COMMON=(${COMMON[*]} -t $t -tb $t); {}" < "$jobs"
 }
 
 summary() { # tsv
