@@ -195,6 +195,14 @@ def row_number(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _set_line(lines: list[str], i: int, text: str) -> tuple[str, int]:
+    """Line i becomes text: ("unchanged" or "updated", its 1-based line number)."""
+    if lines[i] == text:
+        return "unchanged", i + 1
+    lines[i] = text
+    return "updated", i + 1
+
+
 def _upsert_row(lines: list[str], doc: BookkeepingDoc, row: str, number: int) -> tuple[str, int]:
     start, end = _section(lines, doc.section, doc, "series_readme")
     table = _table(lines, start + 1, end)
@@ -209,11 +217,7 @@ def _upsert_row(lines: list[str], doc: BookkeepingDoc, row: str, number: int) ->
                             f"{', '.join(str(i + 1) for i in same)}): which one is the patch's?",
                             where=f"{doc.file}:{same[0] + 1}", hint="delete the extra rows, then capture again")
     if same:
-        i = same[0]
-        if lines[i] == row:
-            return "unchanged", i + 1
-        lines[i] = row
-        return "updated", i + 1
+        return _set_line(lines, same[0], row)
     at = past
     for i in range(first, past):
         n = row_number(lines[i])
@@ -237,11 +241,7 @@ def _upsert_entry(lines: list[str], doc: BookkeepingDoc, entry: str, marker: str
                             f"{doc.file} (lines {', '.join(str(i + 1) for i in same)}): which one is it?",
                             where=f"{doc.file}:{same[0] + 1}", hint="merge them into one, then capture again")
     if same:
-        i = same[0]
-        if lines[i] == entry:
-            return "unchanged", i + 1
-        lines[i] = entry
-        return "updated", i + 1
+        return _set_line(lines, same[0], entry)
     if entry.lstrip().startswith("|"):
         table = _table(lines, start + 1, end)
         if table is None:

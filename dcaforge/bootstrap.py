@@ -148,15 +148,10 @@ def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, rep
             res = patch_cmd(room, path, dry_run=dry, strip=step.strip)
             if not res.ok:
                 fail = _gnu_failure(patch, res.stdout + res.stderr)
-                where = f"{rel} (in the source tree)"
-                if fail.file:
-                    where += f", file {fail.file}"
-                if fail.hunk:
-                    where += f", hunk #{fail.hunk.index} {fail.hunk.header} (patch line {fail.hunk.line})"
                 raise MismatchError(
                     f"bootstrap step {index} ({step.where}): the tree's own patch {k}/{len(files)} {path.name} does "
                     f"not apply with patch -p{step.strip} --fuzz=0",
-                    where=where, details=fail.reason,
+                    where=fail.where(f"{rel} (in the source tree)"), details=fail.reason,
                     hint=f"the clean room was not created and the source is untouched. This patch belongs to the "
                          f"source (at {getattr(cfg.source, 'ref', '?')}): check source.ref and the submodule commit "
                          f"it pins; fix and commit the patch in the source, then run `dcaforge apply` again")

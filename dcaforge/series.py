@@ -174,6 +174,15 @@ class Failure:
     hunk: Hunk | None
     reason: str
 
+    def where(self, head: str) -> str:
+        """``head``, then the failing file and hunk when known (the ``where:`` line of the error)."""
+        where = head
+        if self.file:
+            where += f", file {self.file}"
+        if self.hunk:
+            where += f", hunk #{self.hunk.index} {self.hunk.header} (patch line {self.hunk.line})"
+        return where
+
 
 def _find_hunk(hunks: list[Hunk], file: str | None, *, old_start: int | None = None,
                index: int | None = None) -> Hunk | None:
@@ -307,15 +316,10 @@ def _series_record(patches: list[Patch]) -> list[dict[str, str]]:
 
 
 def _failure_error(fail: Failure, room: Path, index: int, total: int) -> MismatchError:
-    where = f"{fail.patch.path}"
-    if fail.file:
-        where += f", file {fail.file}"
-    if fail.hunk:
-        where += f", hunk #{fail.hunk.index} {fail.hunk.header} (patch line {fail.hunk.line})"
     return MismatchError(
         f"patch {index + 1}/{total} {fail.patch.name} does not apply; the clean room stays at the last good "
         f"patch ({index}/{total})",
-        where=where,
+        where=fail.where(f"{fail.patch.path}"),
         details=fail.reason,
         hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`, or resolve it by hand in {room} "
               f"(e.g. `git -C {room} apply --3way --reject {fail.patch.path}`) and run `dcaforge apply --continue` "

@@ -67,8 +67,8 @@ def source_files() -> dict[str, str | bytes | tuple[str | bytes, int]]:
     }
 
 
-def snapshot(root: Path) -> dict[str, object]:
-    """Bytes and modes of every file under root (.git included) and git status --porcelain."""
+def file_snapshot(root: Path) -> dict[str, tuple[int, str]]:
+    """Mode and sha256 of every file under root, .git (and .git/modules) included."""
     files: dict[str, tuple[int, str]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -77,8 +77,13 @@ def snapshot(root: Path) -> dict[str, object]:
             st = p.lstat()
             data = os.readlink(p).encode() if stat.S_ISLNK(st.st_mode) else p.read_bytes()
             files[str(p.relative_to(root))] = (st.st_mode, hashlib.sha256(data).hexdigest())
+    return files
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Bytes and modes of every file under root (.git included) and git status --porcelain."""
     porcelain = sh(["git", "status", "--porcelain", "--untracked-files=all"], root).stdout.decode()
-    return {"files": files, "porcelain": porcelain}
+    return {"files": file_snapshot(root), "porcelain": porcelain}
 
 
 def make_patch_git(source: Path, edit, workdir: Path, name: str, base_rev: str = "HEAD") -> bytes:

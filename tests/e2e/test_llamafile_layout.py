@@ -12,12 +12,11 @@ with pip when missing), like the other e2e tests.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
-import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,27 +35,13 @@ from dcaforge.status import status
 from dcaforge.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.core.helpers import USER_GIT, file_snapshot, ugit  # noqa: E402
+
 SDIST = PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp")
-USER_GIT = ["git", "-c", "user.name=Test User", "-c", "user.email=test@example.com", "-c", "commit.gpgSign=false",
-            "-c", "init.defaultBranch=main", "-c", "protocol.file.allow=always"]
 UNREACHABLE = "https://git.invalid/ggml-org/llama.cpp.git"  # .invalid never resolves: no network use
-
-
-def ugit(cwd: Path, *args: str) -> str:
-    return subprocess.run([*USER_GIT, *args], cwd=cwd, check=True, capture_output=True).stdout.decode()
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, str]]:
-    """Mode and sha256 of every file under root, .git and .git/modules included."""
-    out: dict[str, tuple[int, str]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            st = p.lstat()
-            data = os.readlink(p).encode() if stat.S_ISLNK(st.st_mode) else p.read_bytes()
-            out[str(p.relative_to(root))] = (st.st_mode, hashlib.sha256(data).hexdigest())
-    return out
 
 
 def unified(path: str, old: str, new: str, workdir: Path) -> bytes:
@@ -124,7 +109,7 @@ def _make_llamafile(tmp: Path, llama_url: str, llama_commit: str) -> Llamafile:
     src.mkdir()
     ugit(src, "init", "-q")
     # llama.cpp as a real submodule, copied (file://, no hardlinks into the cache)
-    ugit(src, "submodule", "add", "-q", Path(llama_url).as_uri(), "llama.cpp")
+    ugit(src, "-c", "protocol.file.allow=always", "submodule", "add", "-q", Path(llama_url).as_uri(), "llama.cpp")
     ugit(src / "llama.cpp", "checkout", "-q", llama_commit)
     llama = src / "llama.cpp"
     arg_cpp = (llama / "common/arg.cpp").read_text()
@@ -178,7 +163,7 @@ def _make_llamafile(tmp: Path, llama_url: str, llama_commit: str) -> Llamafile:
     # 0002 (plain diff -u, as the user's own patches are made): on top of llamafile's patch in arg.cpp
     user_arg = insert_after(lf_arg, "#endif\n", '#include "opencoti.h"  // opencoti\n')
     (series / "0002-opencoti-arg.patch").write_bytes(unified("llama.cpp/common/arg.cpp", lf_arg, user_arg, tmp))
-    return Llamafile(tmp=tmp, source=src, good=good, broken=broken, series=series, before=snapshot(src))
+    return Llamafile(tmp=tmp, source=src, good=good, broken=broken, series=series, before=file_snapshot(src))
 
 
 def _table_rows(readme: Path) -> list[str]:
@@ -248,7 +233,7 @@ def test_llamafile_apply_render_capture_verify(llamafile: Llamafile) -> None:
     assert (room / "llama.cpp/common/build-info.cpp").is_file()
     assert capture(cfg).written is False and _table_rows(readme) == rows
 
-    assert snapshot(llamafile.source) == llamafile.before  # the user's checkout: not one byte changed
+    assert file_snapshot(llamafile.source) == llamafile.before  # the user's checkout: not one byte changed
 
 
 def test_llamafile_bootstrap_patch_that_does_not_apply(llamafile: Llamafile) -> None:
@@ -265,4 +250,4 @@ def test_llamafile_bootstrap_patch_that_does_not_apply(llamafile: Llamafile) -> 
     assert "Hunk #1 FAILED" in out
     assert "the clean room was not created and the source is untouched" in out and "source.ref" in out
     assert not cfg.room.exists() and not list(cfg.workspace.glob(".broken*"))
-    assert snapshot(llamafile.source) == llamafile.before
+    assert file_snapshot(llamafile.source) == llamafile.before
