@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
-# Steps (any subset, in order): model build_bg wait_build build ops opsperf speed passkey_tune passkey ppl
+# Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
+#   ppl_bg wait_ppl
 #   model    copy the carried model pieces (cleanroom/gpu/pieceNM) to ~/model and reassemble the GGUF
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90)
 #   ops      test-backend-ops: FLASH_ATTN_EXT_LSE against the CPU, and perf next to FLASH_ATTN_EXT
 #   speed    llama-batched-bench, plain vs DCA, -fa on, at 32k and 128k (prompt processing, generation, memory)
-#   passkey  llama-passkey at ~64k and ~128k tokens, 10 positions each, plain vs YaRN x4 vs DCA
+#   splits   the scheduler's graph split count, plain vs DCA (one split: the whole graph on the GPU)
+#   passkey_tune  chooses DCA's S, w and temperature on held-out lengths and positions (~48k, ~101k tokens)
+#   passkey  llama-passkey at ~64k and ~128k tokens, 10 positions each, plain vs YaRN x4 vs DCA (S24w4 and the tuned)
 #   ppl      llama-perplexity at 8k/32k/64k/128k, plain vs YaRN x4 vs DCA
+#   ppl_bg / wait_ppl  perplexity of YaRN at 128k and of the tuned setting, in the background while passkey runs
 # Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md is written from them on the workstation.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -80,14 +84,18 @@ with_mem() {
     return $rc
 }
 
+best_cfg() { cat ~/llb/passkey-best.txt 2>/dev/null || echo S24w4; }
+
 step_speed() {
-    # two rounds, alternating, so drift hits both; memory: the nvidia-smi peak (this tree's batched-bench prints no
-    # info-level llama logs, -lv 3 included: run 2 found no buffer sizes or graph splits in them)
+    # plain against each DCA setting of $SPEED_CFGS (default S24w4; "best" = the passkey-tuned one), $ROUNDS rounds,
+    # alternating, so drift hits all; memory: the nvidia-smi peak (this tree's batched-bench prints no info-level llama
+    # logs, -lv 3 included: run 2 found no buffer sizes or graph splits in them)
     local base; base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
     echo "idle GPU memory: $base MiB" | tee "$OUT/mem-idle.txt"
-    for round in 1 2; do
-        for mode in plain dca; do
-            local extra=(); [ $mode = dca ] && extra=("${DCA[@]}")
+    local cfgs=${SPEED_CFGS:-S24w4}; cfgs=${cfgs//best/$(best_cfg)}
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for mode in plain $cfgs; do
+            local extra=(); [ "$mode" != plain ] && extra=($(dca_cfg "$mode" 4))
             with_mem "$mode-$round" "$BIN/llama-batched-bench" "${COMMON[@]}" "${extra[@]}" -c 135168 \
                 -npp 32768,131072 -ntg 128 -npl 1 > "$OUT/speed-$mode-$round.log" 2>&1
             echo "speed $mode round $round rc=$? peak GPU memory $(cat "$OUT/mem-$mode-$round.txt") MiB"
@@ -96,19 +104,31 @@ step_speed() {
     done
 }
 
-# a list of DCA settings: name and flags (S, w, temperature factor)
-dca_cfg() {
-    case $1 in
-        S24w4)    echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096" ;;
-        S24w4t)   echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096 --dca-yarn-factor $2" ;;
-        S32w4)    echo "--dca on --dca-chunk-size 32768 --dca-local-size 4096" ;;
-        S32w4t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 4096 --dca-yarn-factor $2" ;;
-        S32w8t)   echo "--dca on --dca-chunk-size 32768 --dca-local-size 8192 --dca-yarn-factor $2" ;;
-        S24w4tt)  echo "--dca on --dca-chunk-size 24576 --dca-local-size 4096 --dca-yarn-factor $(awk "BEGIN{print $2*$2}")" ;;
-        S12w2t)   echo "--dca on --dca-chunk-size 12288 --dca-local-size 2048 --dca-yarn-factor $2" ;;
-        S8w1)     echo "--dca on --dca-chunk-size 8192 --dca-local-size 1024" ;;
-        S8w1t)    echo "--dca on --dca-chunk-size 8192 --dca-local-size 1024 --dca-yarn-factor $2" ;;
+# the scheduler's graph splits (llama_context logs them at info level, which -lv 4 shows): one split means the whole
+# graph, DCA layers included, runs on the GPU
+step_splits() {
+    local cfgs="S24w4 $(best_cfg)"
+    for mode in plain $cfgs; do
+        local extra=(); [ "$mode" != plain ] && extra=($(dca_cfg "$mode" 2.1))
+        "$BIN/llama-passkey" "${COMMON[@]}" -lv 4 --junk 2900 --pos 100 --override-kv gemma3.context_length=int:131072 \
+            "${extra[@]}" > "$OUT/splits-$mode.log" 2>&1
+        echo "splits $mode rc=$?: $(grep -m2 -oE "graph.*splits = [^,]*" "$OUT/splits-$mode.log" | tr '\n' ' ')"
+    done
+}
+
+# a DCA setting by name: S<chunk>w<window> in units of 1024 tokens (S8w1 = 8192/1024, S4w0.5 = 4096/512), then
+# optionally the attention temperature: t = the Qwen2.5-1M rule with F = length / trained length, tt = F squared,
+# s<X> = a fixed logit scale X (F = exp((X - 1) / 0.1), since the flag scales by 0.1*ln(F) + 1)
+dca_cfg() { # name length-ratio
+    local re='^S([0-9.]+)w([0-9.]+)(t|tt|s([0-9.]+))?$'
+    [[ $1 =~ $re ]] || { echo "dca_cfg: bad setting name $1" >&2; return 1; }
+    local S w F=""; S=$(awk "BEGIN{print int(${BASH_REMATCH[1]}*1024)}"); w=$(awk "BEGIN{print int(${BASH_REMATCH[2]}*1024)}")
+    case ${BASH_REMATCH[3]} in
+        t)  F=$2 ;;
+        tt) F=$(awk "BEGIN{print $2*$2}") ;;
+        s*) F=$(awk "BEGIN{print exp((${BASH_REMATCH[4]} - 1) / 0.1)}") ;;
     esac
+    echo "--dca on --dca-chunk-size $S --dca-local-size $w${F:+ --dca-yarn-factor $F}"
 }
 
 passkey_one() { # tsv name junk pos ctx_override extra...
@@ -141,11 +161,13 @@ summary() { # tsv
 
 # choosing DCA's chunk size, window and temperature on other lengths (~48k and ~101k tokens) and other positions than the
 # evaluation's, so the evaluation at ~70k and ~134k stays held out
-# run 2 (2026-11-30) tried S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt (S24w4t won, 9 points of 30); the next run adds
-# short chunks (all inter-chunk distances <= S, where this model still retrieves), see RESULTS.md
-TUNE_CFGS=${TUNE_CFGS:-"S24w4 S24w4t S24w4tt S32w4t S12w2t S8w1 S8w1t"}
+# run 2 (2026-11-30) tried S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt (S24w4t won, 9 points of 30). Run 3 tries short
+# chunks (every inter-chunk distance is then <= S, where this model still retrieves inside its own window: plain at
+# 16.9k answers exactly only within ~9k tokens of the question) with fixed logit scales, S24w4t as the reference
+TUNE_CFGS=${TUNE_CFGS:-"S24w4t S4w0.5 S4w0.5s1.2 S6w1 S6w1s1.2 S8w1 S8w1s1.1 S8w1s1.2 S8w1s1.3 S12w2 S12w2s1.2"}
 
 step_passkey_tune() {
+    rm -f ~/llb/passkey-best.txt
     mkdir -p "$OUT/passkey"
     printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey-tune.tsv"
     : > ~/llb/jobs-tune
@@ -175,19 +197,24 @@ step_passkey_tune() {
 step_passkey() {
     mkdir -p "$OUT/passkey"
     printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey.tsv"
-    local best; best=$(cat ~/llb/passkey-best.txt 2>/dev/null || echo S24w4)
+    # $EVAL_CFGS: the DCA settings (default: S24w4, the reference's 3/4 and 1/8 of L, and the tuned one);
+    # BASELINES=0 leaves out plain and YaRN (to add a setting to an earlier run's table)
+    local cfgs=${EVAL_CFGS:-"S24w4 best"}; cfgs=${cfgs//best/$(best_cfg)}; cfgs=$(echo $cfgs | tr ' ' '\n' | awk '!s[$0]++')
     : > ~/llb/jobs-eval
     for k in 0 1 2 3 4 5 6 7 8 9; do   # plain inside the trained range (~16.9k tokens)
-        echo "passkey_one passkey.tsv plain 700 $(( 700 * (2 * k + 1) / 20 )) 32768" >> ~/llb/jobs-eval
+        [ "${BASELINES:-1}" = 1 ] && echo "passkey_one passkey.tsv plain 700 $(( 700 * (2 * k + 1) / 20 )) 32768" >> ~/llb/jobs-eval
     done
     for spec in "2900 131072 2.1" "5600 262144 4.1"; do
         set -- $spec; local junk=$1 ovr=$2 f=$3
         for k in 0 1 2 3 4 5 6 7 8 9; do
             local pos=$(( junk * (2 * k + 1) / 20 ))
-            echo "passkey_one passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-eval
-            echo "passkey_one passkey.tsv yarn4 $junk $pos $ovr ${YARN[*]}" >> ~/llb/jobs-eval
-            echo "passkey_one passkey.tsv dca-S24w4 $junk $pos $ovr \$(dca_cfg S24w4 $f)" >> ~/llb/jobs-eval
-            [ "$best" != S24w4 ] && echo "passkey_one passkey.tsv dca-$best $junk $pos $ovr \$(dca_cfg $best $f)" >> ~/llb/jobs-eval
+            if [ "${BASELINES:-1}" = 1 ]; then
+                echo "passkey_one passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-eval
+                echo "passkey_one passkey.tsv yarn4 $junk $pos $ovr ${YARN[*]}" >> ~/llb/jobs-eval
+            fi
+            for cfg in $cfgs; do
+                echo "passkey_one passkey.tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-eval
+            done
         done
     done
     run_jobs ~/llb/jobs-eval
@@ -208,28 +235,82 @@ ppl_one() { # name ctx extra...
 }
 export -f ppl_one
 
-step_ppl() {
-    # the baseline's text: the first 1.4 MB of llama.cpp's own src/*.cpp, upstream files only
+ppl_text() { # the baseline's text: the first 1.4 MB of llama.cpp's own src/*.cpp, upstream files only
     ls ~/llb/src/src/*.cpp | grep -v llama-dca | xargs cat | head -c 1400000 > ~/llb/text.txt
     mkdir -p "$OUT/ppl"
-    printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/ppl.tsv"
-    local best; best=$(cat ~/llb/passkey-best.txt 2>/dev/null || echo S24w4)
-    # host memory: llama-perplexity keeps the logits of half a window, ctx/2 * 262144 floats (68 GB at 128k), so
-    # 8k and 32k run together, 64k two at a time, 128k alone (the machine has 128 GB)
+    [ -f "$OUT/ppl.tsv" ] || printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/ppl.tsv"
+}
+
+# host memory: llama-perplexity keeps the logits of half a window, ctx/2 * 262144 floats (68 GB at 128k), so 8k and
+# 32k run together, 64k two at a time, 128k alone (the machine has 128 GB)
+ppl_groups() { # name-prefix:extra-kind ... ; runs every (setting, context) of $PPL_CFGS in memory-safe groups
     for group in "8192 32768:8" "65536:2" "131072:1"; do
         local ctxs=${group%%:*} par=${group##*:}
         : > ~/llb/jobs-ppl
         for ctx in $ctxs; do
             local f; f=$(awk "BEGIN{print $ctx/32768}")
-            echo "ppl_one plain $ctx" >> ~/llb/jobs-ppl
-            echo "ppl_one yarn4 $ctx ${YARN[*]}" >> ~/llb/jobs-ppl
-            echo "ppl_one dca-S24w4 $ctx \$(dca_cfg S24w4 $f)" >> ~/llb/jobs-ppl
-            [ "$best" != S24w4 ] && echo "ppl_one dca-$best $ctx \$(dca_cfg $best $f)" >> ~/llb/jobs-ppl
+            for cfg in $PPL_CFGS; do
+                case $cfg in
+                    plain) echo "ppl_one plain $ctx" ;;
+                    yarn4) echo "ppl_one yarn4 $ctx ${YARN[*]}" ;;
+                    *)     echo "ppl_one dca-$cfg $ctx \$(dca_cfg $cfg $f)" ;;
+                esac >> ~/llb/jobs-ppl
+            done
         done
         PAR=$par run_jobs ~/llb/jobs-ppl
     done
+}
+
+step_ppl() { # plain, YaRN x4, DCA S24w4 and the passkey-tuned setting, at 8k/32k/64k/128k
+    ppl_text
+    local best; best=$(best_cfg)
+    PPL_CFGS="plain yarn4 S24w4"; [ "$best" != S24w4 ] && PPL_CFGS+=" $best"
+    PPL_CFGS=$PPL_CFGS ppl_groups
     cat "$OUT/ppl.tsv"
 }
+
+# run 3: perplexity in the background while the passkey steps run (scores do not depend on speed): YaRN x4 at 128k
+# (run 2 cut its third window), then, once passkey_tune has chosen, the tuned setting at every context
+step_ppl_bg() {
+    rm -f ~/llb/ppl.done; rm -rf ~/llb/ppl-out
+    setsid nohup bash -c "OUT=\$HOME/llb/ppl-out bash $PWD/bench/gpu/run.sh ppl_queue > ~/llb/ppl-step.log 2>&1; touch ~/llb/ppl.done" \
+        >/dev/null 2>&1 </dev/null &
+    echo "perplexity queue started in the background"
+}
+
+step_ppl_queue() {
+    ppl_text
+    ppl_one yarn4 131072 "${YARN[@]}"
+    local t0=$SECONDS
+    while [ ! -f ~/llb/passkey-best.txt ] && [ $((SECONDS - t0)) -lt 1800 ]; do sleep 5; done
+    PPL_CFGS=$(best_cfg) ppl_groups
+    cat "$OUT/ppl.tsv"
+}
+
+# a second perplexity queue for more DCA settings ($PPL_MORE, e.g. S6w1), started once the first has finished
+step_ppl_more_bg() {
+    rm -f ~/llb/ppl-more.done
+    setsid nohup bash -c "while [ ! -f ~/llb/ppl.done ]; do sleep 5; done; OUT=\$HOME/llb/ppl-out PPL_CFGS='$PPL_MORE' bash $PWD/bench/gpu/run.sh ppl_more > ~/llb/ppl-more.log 2>&1; touch ~/llb/ppl-more.done" \
+        >/dev/null 2>&1 </dev/null &
+    echo "second perplexity queue ($PPL_MORE) waits for the first"
+}
+step_ppl_more() { ppl_text; ppl_groups; }
+
+step_wait_ppl() { # waits at most $WAIT s (default 500), then hands back what the queue has so far
+    local t0=$SECONDS
+    while [ ! -f ~/llb/ppl.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-500}" ]; do sleep 5; done
+    [ -f ~/llb/ppl.done ] && echo "perplexity queue done" || echo "perplexity queue still running"
+    [ -f ~/llb/ppl-more.done ] && echo "second perplexity queue done"
+    cat ~/llb/ppl-step.log 2>/dev/null | tail -20
+    mkdir -p "$OUT/ppl"; cp -r ~/llb/ppl-out/. "$OUT/ppl/" 2>/dev/null; true
+}
+
+pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
+    local dirs=(); for d in passkey ppl; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
+    true
+}
+trap pack_logs EXIT
 
 for s in "$@"; do
     echo "== $s ($(date -u +%H:%M:%S))"
