@@ -31,16 +31,27 @@ step_model() { # the model comes in pieces (cleanroom/gpu/pieceNM, 32 MB each: t
     ls -la ~/model
 }
 
+# runs "run.sh STEP" detached, so that this command can end and the next ones run meanwhile (the machine stays while
+# commands keep coming): its output goes to ~/llb/TAG.log, its exit status to ~/llb/TAG.rc, and ~/llb/TAG.done
+# appears when it ends; OUT of the detached run is OUT_DIR; VAR=value arguments go into its environment, and
+# AFTER=FILE makes it wait for FILE first
+detach() { # tag out_dir step [VAR=value ...]
+    local tag=$1 out=$2 step=$3; shift 3
+    rm -f ~/llb/"$tag".done ~/llb/"$tag".rc
+    setsid nohup env OUT="$out" "$@" bash -c '
+        if [ -n "${AFTER:-}" ]; then while [ ! -f "$AFTER" ]; do sleep 5; done; fi
+        bash "$0" "$1" > ~/llb/"$2".log 2>&1; echo $? > ~/llb/"$2".rc; touch ~/llb/"$2".done' \
+        "$PWD/bench/gpu/run.sh" "$step" "$tag" >/dev/null 2>&1 </dev/null &
+}
+
 step_build_bg() { # start the build detached, so the model transfers can run meanwhile
-    rm -f ~/llb/build.done ~/llb/build.rc
-    setsid nohup bash -c "OUT=\$HOME/llb/logs bash $PWD/bench/gpu/run.sh build > ~/llb/build-step.log 2>&1; echo \$? > ~/llb/build.rc; touch ~/llb/build.done" \
-        >/dev/null 2>&1 </dev/null &
+    detach build ~/llb/logs build
     echo "build started in the background"
 }
 
 step_wait_build() {
     while [ ! -f ~/llb/build.done ]; do sleep 5; done
-    cat ~/llb/build-step.log; cp ~/llb/logs/*.log "$OUT/" 2>/dev/null
+    cat ~/llb/build.log; cp ~/llb/logs/*.log "$OUT/" 2>/dev/null
     [ "$(cat ~/llb/build.rc)" = 0 ]
 }
 
@@ -145,6 +156,10 @@ passkey_one() { # tsv name junk pos ctx_override extra...
     printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$junk" "$pos" "$tokens" "$answer" "$exact" "$has" "$rc" >> "$OUT/$tsv"
     rm -f "$log.err"
 }
+passkey_tsv() { # tsv: a new table of passkey_one's rows, and the folder for its logs
+    mkdir -p "$OUT/passkey"
+    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/$1"
+}
 export -f passkey_one dca_cfg
 export OUT BIN
 
@@ -169,8 +184,7 @@ TUNE_CFGS=${TUNE_CFGS:-"S24w4t S4w0.5 S4w0.5s1.2 S6w1 S6w1s1.2 S8w1 S8w1s1.1 S8w
 
 step_passkey_tune() {
     rm -f ~/llb/passkey-best.txt
-    mkdir -p "$OUT/passkey"
-    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey-tune.tsv"
+    passkey_tsv passkey-tune.tsv
     : > ~/llb/jobs-tune
     for spec in "2000 131072 1.5" "4200 262144 3.1"; do
         set -- $spec; local junk=$1 ovr=$2 f=$3   # f: length / trained length, the Qwen2.5-1M temperature rule
@@ -196,8 +210,7 @@ step_passkey_tune() {
 }
 
 step_passkey() {
-    mkdir -p "$OUT/passkey"
-    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/passkey.tsv"
+    passkey_tsv passkey.tsv
     # $EVAL_CFGS: the DCA settings (default: S24w4, the reference's 3/4 and 1/8 of L, and the tuned one);
     # BASELINES=0 leaves out plain and YaRN (to add a setting to an earlier run's table)
     local cfgs=${EVAL_CFGS:-"S24w4 best"}; cfgs=${cfgs//best/$(best_cfg)}; cfgs=$(echo $cfgs | tr ' ' '\n' | awk '!s[$0]++')
@@ -273,9 +286,8 @@ step_ppl() { # plain, YaRN x4, DCA S24w4 and the passkey-tuned setting, at 8k/32
 # run 3: perplexity in the background while the passkey steps run (scores do not depend on speed): YaRN x4 at 128k
 # (run 2 cut its third window), then, once passkey_tune has chosen, the tuned setting at every context
 step_ppl_bg() {
-    rm -f ~/llb/ppl.done; rm -rf ~/llb/ppl-out
-    setsid nohup bash -c "OUT=\$HOME/llb/ppl-out bash $PWD/bench/gpu/run.sh ppl_queue > ~/llb/ppl-step.log 2>&1; touch ~/llb/ppl.done" \
-        >/dev/null 2>&1 </dev/null &
+    rm -rf ~/llb/ppl-out
+    detach ppl ~/llb/ppl-out ppl_queue
     echo "perplexity queue started in the background"
 }
 
@@ -290,9 +302,7 @@ step_ppl_queue() {
 
 # a second perplexity queue for more DCA settings ($PPL_MORE, e.g. S6w1), started once the first has finished
 step_ppl_more_bg() {
-    rm -f ~/llb/ppl-more.done
-    setsid nohup bash -c "while [ ! -f ~/llb/ppl.done ]; do sleep 5; done; OUT=\$HOME/llb/ppl-out PPL_CFGS='$PPL_MORE' bash $PWD/bench/gpu/run.sh ppl_more > ~/llb/ppl-more.log 2>&1; touch ~/llb/ppl-more.done" \
-        >/dev/null 2>&1 </dev/null &
+    detach ppl-more ~/llb/ppl-out ppl_more AFTER="$HOME/llb/ppl.done" PPL_CFGS="$PPL_MORE"
     echo "second perplexity queue ($PPL_MORE) waits for the first"
 }
 step_ppl_more() { ppl_text; ppl_groups; }
@@ -302,7 +312,7 @@ step_wait_ppl() { # waits at most $WAIT s (default 500), then hands back what th
     while [ ! -f ~/llb/ppl.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-500}" ]; do sleep 5; done
     [ -f ~/llb/ppl.done ] && echo "perplexity queue done" || echo "perplexity queue still running"
     [ -f ~/llb/ppl-more.done ] && echo "second perplexity queue done"
-    cat ~/llb/ppl-step.log 2>/dev/null | tail -20
+    tail -20 ~/llb/ppl.log 2>/dev/null
     mkdir -p "$OUT/ppl"; cp -r ~/llb/ppl-out/. "$OUT/ppl/" 2>/dev/null; true
 }
 
