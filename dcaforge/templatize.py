@@ -383,11 +383,12 @@ _NOT_A_NAME = frozenset("""
 
 
 def body_name(file: str, text: str, taken: set[str] | dict[str, str]) -> str:
-    """A new body's template name, ``edits/<target file>/<first identifier of the body>.inc.j2``,
+    """A new body's template name, ``edits/<target file>/<its first C name, e.g. dca-flags>.inc.j2``,
     not one of ``taken`` (rename it at will: templatize keeps the names it finds)."""
     plain = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", text, flags=re.S)
     words = [w for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{3,}", plain) if w not in _NOT_A_NAME]
-    stem = re.sub(r"[^a-z0-9]+", "-", words[0].lower()).strip("-") if words else "edit"
+    code = [w for w in words if "_" in w.strip("_")]  # a C name rather than a word of a comment
+    stem = re.sub(r"[^a-z0-9]+", "-", (code or words or ["edit"])[0].lower()).strip("-") or "edit"
     name, k = f"edits/{file}/{stem}.inc.j2", 1
     while name in taken:
         k += 1
