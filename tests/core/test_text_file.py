@@ -179,9 +179,22 @@ def test_a_files_template_may_not_leave_the_folder_either(tmp_path: Path) -> Non
     assert "'files[0].template'" in err.message and "leads out of the feature folder" in err.message
 
 
-def test_changing_a_body_file_changes_the_templates_digest(tmp_path: Path) -> None:
-    folder = _feature(tmp_path, AS_FILES, TRICKY)
-    before = manifest_digest(folder)
-    body = folder / "edits/src/llama.cpp/after.inc.j2"
+def test_status_sees_a_changed_body_file_as_changed_templates(project) -> None:
+    from dcaforge.render import render
+    from dcaforge.series import apply
+    from dcaforge.status import status
+
+    cfg = project.config
+    apply(cfg, render=False)
+    _feature(project.tmp, AS_FILES, TRICKY)  # the project's own feature folder (tmp/work/templates/dca)
+    render(cfg)
+    assert status(cfg).templates_changed is False
+    body = cfg.feature.templates / "edits/src/llama.cpp/after.inc.j2"
+    before = manifest_digest(cfg.feature.templates)
     body.write_text(body.read_text() + "// more\n")
-    assert manifest_digest(folder) != before
+    assert manifest_digest(cfg.feature.templates) != before
+    assert status(cfg).templates_changed is True
+    render(cfg)
+    assert status(cfg).templates_changed is False
+    assert "int line_005 = 5;\n\n    int dca = 8192; // opencoti F5 dca\n\n// more\nint line_006" in \
+        (cfg.room / "src/llama.cpp").read_text()
