@@ -406,8 +406,25 @@ def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     }
 
 
+class _FolderLoader(jinja2.FileSystemLoader):
+    """The feature folder's templates, and nothing a link inside it points to outside of it (a
+    ``text_file``, a ``files:`` template or an ``{% include %}``)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(str(folder))
+        self.folder = folder.resolve()
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
+        source, filename, uptodate = super().get_source(environment, template)
+        if not Path(filename).resolve().is_relative_to(self.folder):
+            raise ConfigError(f"template {template!r} leads out of the feature folder (to {Path(filename).resolve()})",
+                              where=filename, hint="templates must live inside the feature folder: copy the file "
+                                                   "there instead of linking it")
+        return source, filename, uptodate
+
+
 def _env(folder: Path) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+    return jinja2.Environment(loader=_FolderLoader(folder), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 
 

@@ -382,7 +382,7 @@ _NOT_A_NAME = frozenset("""
 """.split())
 
 
-def body_name(file: str, text: str, taken: set[str] | dict[str, str]) -> str:
+def body_name(file: str, text: str, taken: set[str] | dict[str, str | None]) -> str:
     """A new body's template name, ``edits/<target file>/<its first C name, e.g. dca-flags>.inc.j2``,
     not one of ``taken`` (rename it at will: templatize keeps the names it finds)."""
     plain = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", text, flags=re.S)
@@ -401,7 +401,7 @@ def _bodies_to_files(out: _Merged) -> None:
     a new file when it is longer than one line, else inline (``text``)."""
     entries = [(e, e["file"] if isinstance(e["file"], str) else e["file"][0]) for e in out.edits]
     entries += [(a, f) for e, f in list(entries) for a in e.get("alternatives", [])]
-    taken: dict[str, str] = dict(out.templates)
+    taken: dict[str, str | None] = {**{rel: None for rel in out.extra}, **out.templates}
     names: list[str | None] = []
     for d, _file in entries:  # first the names the old manifest gave, so new names never take them
         name = d.pop(_BODY_FILE, None)

@@ -179,6 +179,23 @@ def test_a_files_template_may_not_leave_the_folder_either(tmp_path: Path) -> Non
     assert "'files[0].template'" in err.message and "leads out of the feature folder" in err.message
 
 
+def test_an_include_may_not_leave_the_folder_through_a_link(project) -> None:
+    cfg = project.config
+    tree_dir = project.tmp / "tree"
+    build_tree(tree_dir, source_files())
+    bodies = dict(TRICKY)
+    bodies["edits/src/llama.cpp/after.inc.j2"] = "{% include 'edits/common.inc.j2' %}\n"
+    folder = _feature(project.tmp, AS_FILES, bodies)
+    (project.tmp / "secret.txt").write_text("outside\n")
+    os.symlink(project.tmp / "secret.txt", folder / "edits/common.inc.j2")
+    with pytest.raises(ConfigError, match="'edits/common.inc.j2' leads out of the feature folder"):
+        plan(cfg, DirTree(tree_dir), load_manifest(folder))
+    (folder / "edits/common.inc.j2").unlink()
+    (folder / "edits/common.inc.j2").write_text("inside\n")
+    text = plan(cfg, DirTree(tree_dir), load_manifest(folder)).outputs["src/llama.cpp"][0].decode()
+    assert "int line_005 = 5;\ninside\n\nint line_006" in text
+
+
 def test_status_sees_a_changed_body_file_as_changed_templates(project) -> None:
     from dcaforge.render import render
     from dcaforge.series import apply
