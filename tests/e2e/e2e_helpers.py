@@ -124,6 +124,17 @@ class Process:
         self._fh.flush()
         return self.log.read_text(errors="replace")
 
+    def wait_output(self, text: str, timeout: float = 20.0) -> bool:
+        """True once `text` is in the log (the servers log from a thread of their own, so a line can
+        land after the HTTP answer that caused it); False after timeout."""
+        import time
+        t0 = time.monotonic()
+        while text not in self.output():
+            if time.monotonic() - t0 > timeout:
+                return False
+            time.sleep(0.1)
+        return True
+
     def wait_port(self, port: int, timeout: float = 120.0) -> None:
         import socket
         import time

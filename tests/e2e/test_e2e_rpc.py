@@ -6,10 +6,10 @@
   op's packed O|LSE result and its views come back equal.
 - The committed trained model (tests/models/longctx-qwen2.gguf, 4 layers, L = 256) at 600 tokens with
   DCA (S = 192, w = 32, three regimes in use), through tests/cpp/dca_logits.cpp: all layers on the
-  local CPU vs `--rpc` with `-ngl 2` (layers 2-3 and their KV cache on the RPC device: a partial
-  offload, DCA's inputs crossing devices) and with `-ngl 99` (all layers and the output): the logits
-  are equal within RPC_TOL, flash attention on (the LSE op) and off; a context shift (K of DCA layers
-  re-roped by the DCA shift on the RPC device) as well.
+  local CPU vs `--rpc` with `-ngl 3` (layers 2-3, their KV cache and the output layer on the RPC
+  device: a partial offload, DCA's inputs crossing devices) and with `-ngl 99` (all layers): the
+  logits are equal within RPC_TOL (measured: bit-identical), flash attention on (the LSE op) and
+  off; a context shift (K of DCA layers re-roped by the DCA shift on the RPC device) as well.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ def test_backend_ops_lse_through_rpc(serve_tree, rpc_endpoint):
 def test_partial_offload_and_rpc_equal_cpu(logits_exe, rpc_endpoint, tmp_path, fa):
     cpu = logits(logits_exe, tmp_path / "cpu.f32", "-fa", fa)
     errs = {}
-    for ngl in (2, 99):
+    for ngl in (3, 99):
         x = logits(logits_exe, tmp_path / f"rpc{ngl}.f32", "-fa", fa, "--rpc", rpc_endpoint, "-ngl", str(ngl))
         assert np.isfinite(x).all()
         errs[ngl] = float(rel_err(x, cpu).max())
-    print(f"fa {fa}: max rel err vs all-CPU: -ngl 2: {errs[2]:.2e}, -ngl 99: {errs[99]:.2e}")
+    print(f"fa {fa}: max rel err vs all-CPU: -ngl 3: {errs[3]:.2e}, -ngl 99: {errs[99]:.2e}")
     assert max(errs.values()) <= RPC_TOL, errs
 
 

@@ -6,8 +6,9 @@ trained at L = 256, so DCA's automatic sizes are S = 192, w = 32, c = 160).
   (all past L, so every DCA regime is used) sent at once from four client threads; every greedy
   answer equals the same sequence evaluated alone by dca_logits (tests/cpp/dca_logits.cpp, one
   sequence, one llama_decode per 512 tokens): the same tokens, and at every generated token the full
-  probability distribution (`n_probs` = the whole vocabulary) within test-dca's f16 bound (L2-relative
-  5.9e-3); the same prompts sent one at a time give the same answers as well.
+  probability distribution (`n_probs` = the whole vocabulary) within test-dca's tolerance (L2-relative
+  1e-2 with the f16 cache and flash attention, measured <= 1.3e-3; 1e-3 with an f32 cache and flash
+  attention off, measured ~2.5e-6); the same prompts sent one at a time give the same answers as well.
 - Serving past the trained length needs nothing but `--dca on`: the slots get the whole per-slot
   context (1024 > L = 256), while `--dca off` caps them at L and refuses the long prompt.
 - `--context-shift`: generation runs past the slot's context with DCA (the cache's K of DCA layers is
@@ -15,8 +16,8 @@ trained at L = 256, so DCA's automatic sizes are S = 192, w = 32, c = 160).
 - Slot save/restore (`/slots/{id}?action=save|restore`): a state saved with DCA on restores and
   continues exactly as a fresh evaluation; it is refused by a server with --dca off or other DCA sizes,
   and a --dca off state by a DCA server, with the reason in the server's log.
-- `--override-kv qwen2.context_length=int:2048` does not move DCA's automatic sizes (the answers equal
-  the run without the override).
+- `--override-kv qwen2.context_length=int:2048` does not move DCA's automatic sizes (the answers are
+  byte-identical to the run without the override).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ BOS = 256
 PROMPT_LENS = (300, 500, 700, 900)
 N_PREDICT = 8
 N_CTX = 4096                    # --parallel 4: 1024 per slot, or 4096 shared with --kv-unified
-TOL_L2 = 5.9e-3                 # test-dca's bound for an f16 cache (README: exactness on the CPU)
+# test-dca's tolerances (L2-relative): 1e-2 with an f16 cache, 1e-3 with f32 (tests/test-dca.cpp in the patch)
+TOL_L2 = {"f16": 1e-2, "f32": 1e-3}
 LOGS = WORKSPACE / "logs" / "serve"
 
-COMMON = ["-m", MODEL, "-t", "2", "-fa", "on", "-b", "512", "-ub", "512", "--no-warmup"]
+COMMON = ["-m", MODEL, "-t", "2", "-fa", "on", "-b", "512", "-ub", "512", "--no-warmup", "-lv", "4"]   # -lv 4: llama.cpp's own log lines
 
 
 def prompt(n: int, offset: int = 0) -> list[int]:
@@ -57,6 +59,7 @@ def prompt(n: int, offset: int = 0) -> list[int]:
 
 
 def complete(srv: LlamaServer, tokens: list[int], n_predict: int = N_PREDICT, **extra) -> dict:
+    """A greedy completion with the whole distribution of every generated token, the prompt never cached."""
     body = {"prompt": tokens, "n_predict": n_predict, "temperature": 0.0, "n_probs": N_VOCAB,
             "cache_prompt": False, "ignore_eos": True, **extra}
     return srv.post("/completion", body)
@@ -85,7 +88,8 @@ def logits_exe(serve_tree) -> str:
 
 
 def alone(exe: str, tokens: list[int], tmp: Path, *extra: str) -> np.ndarray:
-    """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic."""
+    """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic
+    (extra: the cache and flash attention settings, as the server's)."""
     import subprocess
     tok = tmp / f"tok{len(tokens)}.txt"
     tok.write_text(" ".join(map(str, tokens)))
@@ -99,24 +103,30 @@ def alone(exe: str, tokens: list[int], tmp: Path, *extra: str) -> np.ndarray:
     return x / x.sum(axis=1, keepdims=True)
 
 
-def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str) -> float:
+def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, cache: str = "f16",
+                extra: tuple[str, ...] = ()) -> float:
     """The answer equals the prompt + its answer evaluated alone; returns the largest L2-relative error."""
     ids, dist = answer(res)
     assert len(ids) == N_PREDICT, f"{what}: {len(ids)} tokens"
-    ref = alone(exe, toks + ids, tmp)
+    ref = alone(exe, toks + ids, tmp, *extra)
     rows = ref[len(toks) - 1: len(toks) - 1 + len(ids)]
     assert ids == [int(r.argmax()) for r in rows], f"{what}: greedy tokens differ from the sequence alone"
     err = max(l2rel(dist[i], rows[i]) for i in range(len(ids)))
-    assert err <= TOL_L2, f"{what}: L2-relative probability error {err:.3g} > {TOL_L2}"
+    assert err <= TOL_L2[cache], f"{what}: L2-relative probability error {err:.3g} > {TOL_L2[cache]}"
     return err
 
 
-@pytest.mark.parametrize("unified", [False, True], ids=["per-slot-kv", "unified-kv"])
-def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, unified):
+# flash attention on (the LSE op) with the default f16 cache, per-slot and unified KV; flash attention off
+# with an f32 cache, where nothing rounds to f16 (measured: 2.5e-6)
+PARALLEL = [("per-slot-kv", False, "f16", ()), ("unified-kv", True, "f16", ()),
+            ("per-slot-kv-nofa-f32", False, "f32", ("-fa", "off", "-ctk", "f32", "-ctv", "f32"))]
+
+
+@pytest.mark.parametrize(("name", "unified", "cache", "extra"), PARALLEL, ids=[p[0] for p in PARALLEL])
+def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, name, unified, cache, extra):
     prompts = [prompt(n, 1000 * i) for i, n in enumerate(PROMPT_LENS)]
-    args = [*COMMON, "-c", str(N_CTX), "--parallel", "4", "--dca", "on", *(["--kv-unified"] if unified else [])]
-    name = "parallel-unified" if unified else "parallel"
-    with LlamaServer(serve_tree.bin("llama-server"), args, LOGS / f"{name}.log") as srv:
+    args = [*COMMON, "-c", str(N_CTX), "--parallel", "4", "--dca", "on", *(["--kv-unified"] if unified else []), *extra]
+    with LlamaServer(serve_tree.bin("llama-server"), args, LOGS / f"parallel-{name}.log") as srv:
         results: list[dict | None] = [None] * len(prompts)
         errors: list[BaseException] = []
         barrier = threading.Barrier(len(prompts))
@@ -135,12 +145,11 @@ def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, unified):
             t.join()
         assert not errors, errors
         one_by_one = [complete(srv, p) for p in prompts]
-        log = srv.output()
-    assert "DCA on: chunk size S = 192, local window w = 32" in log, log[-3000:]
+        assert srv.wait_output("DCA on: chunk size S = 192, local window w = 32"), srv.output()[-3000:]
     errs = []
     for i, p in enumerate(prompts):
-        errs.append(check_alone(logits_exe, tmp_path, p, results[i], f"concurrent prompt {len(p)}"))
-        check_alone(logits_exe, tmp_path, p, one_by_one[i], f"one-by-one prompt {len(p)}")
+        errs.append(check_alone(logits_exe, tmp_path, p, results[i], f"concurrent prompt {len(p)}", cache, extra))
+        check_alone(logits_exe, tmp_path, p, one_by_one[i], f"one-by-one prompt {len(p)}", cache, extra)
         assert answer(results[i])[0] == answer(one_by_one[i])[0]
     print(f"{name}: largest L2-relative error vs alone per prompt: {[f'{e:.2e}' for e in errs]}")
 
@@ -154,7 +163,7 @@ def test_serves_past_trained_length_with_dca_only(serve_tree):
         assert {s["n_ctx"] for s in slots} == {N_CTX // 4}, slots
         ids, _ = answer(complete(srv, long))
         assert len(ids) == N_PREDICT
-        assert "extends past the training context" in srv.output()
+        assert srv.wait_output("extends past the training context"), srv.output()[-3000:]
     with LlamaServer(serve_tree.bin("llama-server"), [*args, "--dca", "off"], LOGS / "past-L-plain.log") as srv:
         status, slots = srv.request("GET", "/slots")
         assert {s["n_ctx"] for s in slots} == {L}, slots
@@ -171,9 +180,8 @@ def test_context_shift_with_dca(serve_tree):
                                        "cache_prompt": False, "ignore_eos": True})
         again = srv.post("/completion", {"prompt": p, "n_predict": 200, "temperature": 0.0, "n_probs": 4,
                                          "cache_prompt": False, "ignore_eos": True})
-        log = srv.output()
+        assert srv.wait_output("slot context shift"), "the slot never shifted its context"
     assert res["tokens_predicted"] == 200, res.get("stop_type")
-    assert "context shift" in log, "the slot never shifted its context"
     assert [t["id"] for t in res["completion_probabilities"]] == [t["id"] for t in again["completion_probabilities"]]
     lp = [t["logprob"] for t in res["completion_probabilities"]]
     assert all(math.isfinite(x) for x in lp)
@@ -201,17 +209,17 @@ def test_slot_save_restore_and_refusals(serve_tree, logits_exe, tmp_path):
     with LlamaServer(exe, [*base, "--dca", "off"], LOGS / "slots-plain.log") as srv:
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "dca.bin"})
         assert status != 200, out
-        assert "the state was saved with --dca on" in srv.output()
+        assert srv.wait_output("the state was saved with --dca on"), srv.output()[-3000:]
         srv.post("/completion", {"prompt": p[:200], "n_predict": 1, "id_slot": 0, "cache_prompt": True})
         srv.post("/slots/0?action=save", {"filename": "plain.bin"})
     with LlamaServer(exe, [*base, "--dca", "on", "--dca-chunk-size", "160", "--dca-local-size", "32"],
                      LOGS / "slots-dca-other.log") as srv:
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "dca.bin"})
         assert status != 200, out
-        assert "saved with --dca on --dca-chunk-size 192 --dca-local-size 32" in srv.output()
+        assert srv.wait_output("saved with --dca on --dca-chunk-size 192 --dca-local-size 32"), srv.output()[-3000:]
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "plain.bin"})
         assert status != 200, out
-        assert "the state was saved with --dca off" in srv.output()
+        assert srv.wait_output("the state was saved with --dca off"), srv.output()[-3000:]
 
 
 def test_override_of_context_length_keeps_dca_sizes(serve_tree):
@@ -222,8 +230,7 @@ def test_override_of_context_length_keeps_dca_sizes(serve_tree):
         ref = answer(complete(srv, p))
     with LlamaServer(exe, [*args, "--override-kv", "qwen2.context_length=int:2048"], LOGS / "override-yes.log") as srv:
         got = answer(complete(srv, p))
-        log = srv.output()
-    assert "DCA on: chunk size S = 192, local window w = 32" in log, log[-3000:]
-    assert "not from its override (2048)" in log
+        assert srv.wait_output("DCA on: chunk size S = 192, local window w = 32"), srv.output()[-3000:]
+        assert srv.wait_output("not from its override (2048)")
     assert got[0] == ref[0]
-    assert l2rel(got[1], ref[1]) <= TOL_L2
+    assert np.array_equal(got[1], ref[1])
