@@ -5,6 +5,7 @@ patch 0078-dca (`--dca on` must refuse them, naming the architecture and what it
   gpt-oss    attention sinks (blk.N.attn_sinks) on its full-attention layers
   deepseek2  multi-head latent attention (MLA: attention.key_length_mla / value_length_mla,
              attn_k_b / attn_v_b)
+  t5         relative position biases added to KQ (kq_b: attention.relative_buckets_count)
 
 Each is the smallest model llama.cpp 0c1e57098 loads for that architecture (the tensors its loader
 requires, nothing more), with the byte-level tokenizer of tests/models/tiny.py. Weights are small
@@ -24,7 +25,7 @@ import numpy as np
 
 from . import tiny
 
-ARCHS = ("mpt", "gpt-oss", "deepseek2")
+ARCHS = ("mpt", "gpt-oss", "deepseek2", "t5")
 
 E, F, H, HKV, HD = 64, 128, 2, 1, 32
 N_CTX = 256
@@ -37,7 +38,7 @@ def _writer(path: str, arch: str) -> gguf.GGUFWriter:
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(HKV)
+    w.add_head_count_kv(H if arch == "t5" else HKV)   # t5: q, k, v all n_embd_k_gqa wide
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -139,6 +140,26 @@ def build(arch: str, path: str) -> str:
         t(p + "ffn_gate.weight", F, E)
         t(p + "ffn_up.weight", F, E)
         t(p + "ffn_down.weight", E, F)
+    elif arch == "t5":
+        # one encoder and one decoder layer, relative position buckets (the decoder's self-attention bias)
+        del tensors["output_norm.weight"]
+        w.add_block_count(1)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_relative_attn_buckets_count(32)
+        ones("enc.output_norm.weight", E)
+        ones("dec.output_norm.weight", E)
+        for part in ("enc", "dec"):
+            p = f"{part}.blk.0."
+            ones(p + "attn_norm.weight", E)
+            for m in ("q", "k", "v", "o"):
+                t(p + f"attn_{m}.weight", E, E)
+            t(p + "attn_rel_b.weight", 32, H)
+            ones(p + "ffn_norm.weight", E)
+            t(p + "ffn_up.weight", F, E)
+            t(p + "ffn_down.weight", E, F)
+        ones("dec.blk.0.cross_attn_norm.weight", E)
+        for m in ("q", "k", "v", "o"):
+            t(f"dec.blk.0.cross_attn_{m}.weight", E, E)
     else:
         raise ValueError(f"unknown arch {arch!r} (known: {', '.join(ARCHS)})")
 
