@@ -130,24 +130,16 @@ def render(
         out.print(f"{len(fitted)} fit ({alts} by an alternative), "
                   f"{sum(1 for e in res.edits if e.status == 'skipped')} skipped, "
                   f"{sum(1 for e in res.edits if not e.fits)} do not fit, of {len(res.edits)} edits")
-        for e in res.edits:
-            if e.fits:
-                continue
-            where = f"edit #{e.index} ({e.file or 'no file'}, manifest line {e.manifest_line})"
-            if e.status == "ambiguous":
-                out.print(f"{where}: {'anchor' if not e.variant else f'alternative {e.variant}'} {e.anchor!r} matched lines:",
-                          markup=False)
-                for c in e.closest:
-                    out.print(f"    {c}", markup=False)
-            for variant, anchor, _n, close in e.tried:
-                out.print(f"{where}: {'anchor' if not variant else f'alternative {variant}'} {anchor!r} matches nowhere; "
-                          "closest lines:", markup=False)
-                for c in close:
-                    out.print(f"    {c}", markup=False)
+        _print_misfits(res.misfits, {e.index: e for e in res.edits})
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
-        if not res.ok:
+        if res.wiring is not None:
+            _print_wiring(res.wiring)
+        if not res.anchors_ok:
             err.print("some anchors do not fit", style="red")
+        if res.wiring is not None and not res.wiring.ok:
+            err.print("the build leaves out files the feature adds", style="red")
+        if not res.ok:
             raise typer.Exit(2)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
@@ -156,6 +148,62 @@ def render(
     for rel in r.restored:
         out.print(f"restored  {rel}")
     out.print(f"{len(r.written)} written, {len(r.unchanged)} unchanged, {len(r.restored)} restored")
+
+
+def _print_misfits(misfits: list[Any], edits: dict[int, Any]) -> None:
+    """One table: each edit that does not fit, drifted or absent, and why (nearest lines from the
+    pristine baseline file)."""
+    if not misfits:
+        return
+    drifted = sum(1 for m in misfits if m.kind == "drifted")
+    out.print(f"misfits: {drifted} drifted, {len(misfits) - drifted} absent")
+    rows = [("#", "file", "class", "why")] + [(str(m.index), m.file, m.kind, m.reason) for m in misfits]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    pad = " " * (sum(widths) + 6)
+    for k, row in enumerate(rows):
+        out.print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3],
+                  style=None if k == 0 else "red", markup=False)
+        if k == 0:
+            continue
+        m = misfits[k - 1]
+        e = edits.get(m.index)
+        for label, lines in m.nearest:
+            anchor = e.anchor if e is not None and label in ("anchor", "matched") else next(
+                (a for v, a, _n, _c in (e.tried if e is not None else []) if f"alternative {v}" == label), "")
+            out.print(f"{pad}{label} {anchor!r} (manifest line {m.manifest_line}):", markup=False)
+            for c in lines:
+                out.print(f"{pad}    {c}", markup=False)
+
+
+def _print_wiring(w: Any) -> None:
+    if not w.rows:
+        out.print(f"wiring ({w.backend}): the feature adds no .c/.cpp/.cu file")
+        return
+    n_ok = sum(1 for r in w.rows if r.status == "ok")
+    out.print(f"wiring ({w.backend}): {n_ok} of {len(w.rows)} added sources built"
+              + (f", {len(w.missing)} left out" if w.missing else ""))
+    for r in w.rows:
+        if r.status == "missing":
+            out.print(f"  missing  {r.source}: not built by {r.build}; add it to {r.join}", style="red", markup=False)
+        else:
+            out.print(f"  {r.status:<8} {r.source}: {r.how}", style=None if r.status == "ok" else "dim", markup=False)
+
+
+@app.command()
+def drift(
+    config: ConfigOpt = None,
+    sdist: Annotated[str | None, typer.Option("--sdist", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
+    tree: Annotated[Path | None, typer.Option("--tree", help="a llama.cpp tree (a folder)")] = None,
+) -> None:
+    """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
+    from .drift import canary
+
+    cfg = _config(config)
+    res = _call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    _print_misfits(res.misfits, {e.index: e for e in res.check.edits})
+    out.print(res.summary())
+    if res.misfits:
+        raise typer.Exit(2)
 
 
 @app.command()
