@@ -302,8 +302,14 @@ def build(
     targets: Annotated[list[str] | None, typer.Option("--targets", "-t", help="targets to build (repeat, or "
                                                       "space-separated); default: build.*.targets of the config")] = None,
     jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="llamafile: run its Makefile with make -n and a stand-in "
+                                      "cosmocc (and, with --cuda, the GPU script with a recording nvcc) and check "
+                                      "that the feature's files are compiled and linked; builds nothing")] = False,
 ) -> None:
     """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
+    if dry:
+        _dry_run(config, cuda, targets)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .build import BuildHooks
@@ -347,6 +353,38 @@ def build(
     out.print(f"log:       {res.log}")
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
 
+
+
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None:
+    from .build import dry_run
+
+    cfg = _config(config)
+    progs = [t for group in (targets or []) for t in group.split()]
+    rep = _call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
+    _print_wiring(rep.wiring)
+    out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
+    for src, obj in rep.objects.items():
+        if obj is None:
+            out.print(f"  {src}: not compiled", style="red", markup=False)
+            continue
+        on = [p for p, ok in rep.linked[src].items() if ok]
+        off = [p for p, ok in rep.linked[src].items() if not ok]
+        out.print(f"  {src} -> {obj}; linked into {', '.join(on) or 'nothing'}"
+                  + (f"; NOT into {', '.join(off)}" if off else ""), style="red" if off else None, markup=False)
+    for src in rep.unbuilt:
+        out.print(f"  {src}: not built by this build (see the wiring above)", style="dim", markup=False)
+    if rep.cuda_argv is not None:
+        out.print(f"gpu script (stand-in nvcc): {' '.join(rep.cuda_argv)}: {len(rep.nvcc_calls)} nvcc call(s)", markup=False)
+        for src, ok in rep.cuda_sources.items():
+            out.print(f"  {src}: {'handed to nvcc' if ok else 'NOT handed to nvcc'}", style=None if ok else "red",
+                      markup=False)
+    if not rep.ok:
+        for p in rep.problems:
+            err.print(f"dry run: {p}", style="red", markup=False)
+        if not rep.wiring.ok:
+            err.print("the build leaves out files the feature adds", style="red")
+        raise typer.Exit(2)
+    out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
 
 
 @app.command()

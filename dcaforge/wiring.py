@@ -25,6 +25,7 @@ import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -391,9 +392,10 @@ def cmake_coverage(view: View, path: str, top: str) -> tuple[str | None, str | N
                     if "$" not in pat and glob_regex(pat).match(rel):
                         return f"{cml}:{text.count(chr(10), 0, g.start()) + 1} (GLOB {pat})", None
             ext = posixpath.splitext(path)[1]
-            sib = re.search(r"(?m)^\s*([\w./-]+" + re.escape(ext) + r")\b", text)
-            hint = f"{cml}:{text.count(chr(10), 0, sib.start()) + 1} (next to {sib.group(1)})" if sib else cml
-            return None, hint
+            sib = re.search(r"(?<![\w.-])([\w./-]+" + re.escape(ext) + r")(?![\w.-])", text)
+            if sib is None:  # this CMakeLists.txt builds no such file: the folder is not built
+                return None, None
+            return None, f"{cml}:{text.count(chr(10), 0, sib.start()) + 1} (next to {sib.group(1)})"
         if folder in ("", top.strip("/")) or folder == ".":
             return None, None
         folder = posixpath.dirname(folder)
@@ -416,7 +418,9 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
             elif hint:
                 report.rows.append(WiringRow(src, "cmake", "missing", "", hint))
             else:
-                report.rows.append(WiringRow(src, "cmake", "unbuilt", "no CMakeLists.txt above it"))
+                report.rows.append(WiringRow(src, "cmake", "unbuilt",
+                                             f"the nearest CMakeLists.txt above it names no {posixpath.splitext(src)[1]} "
+                                             "file and globs none"))
         return report
     db = read_make(view)
     script = cfg.build.llamafile.cuda_script
@@ -452,3 +456,16 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
                                          f"no make list names a file of {posixpath.dirname(src)}/ "
                                          f"(the make files read: {', '.join(db.files) or 'none'})"))
     return report
+
+
+def check_room(cfg: Config, tree_path: Path, baseline_rev: str, rendered: Iterable[str]) -> WiringReport:
+    """The wiring check of a rendered work tree on disk (``rendered``: the files the render wrote,
+    room-relative), against the baseline commit ``baseline_rev`` of the clean room."""
+    from .render import GitTree
+
+    outputs: dict[str, tuple[bytes, int]] = {}
+    for rel in rendered:
+        p = tree_path / rel
+        if p.is_file():
+            outputs[rel] = (p.read_bytes(), 0o644)
+    return check_wiring(cfg, GitTree(tree_path, baseline_rev), outputs)

@@ -58,6 +58,10 @@ FEATURE_MANIFEST = textwrap.dedent("""\
         anchor: '(?m)^add_library'
         action: insert_before
         text: "# {{ feature.id }} chunk={{ vars.chunk }}\\n"
+      - file: CMakeLists.txt
+        anchor: 'src/llama\\.cpp\\)'
+        action: replace
+        text: 'src/llama.cpp src/llama-dca.cpp)'
     """)
 
 
