@@ -59,9 +59,9 @@ FEATURE_MANIFEST = textwrap.dedent("""\
         action: insert_before
         text: "# {{ feature.id }} chunk={{ vars.chunk }}\\n"
       - file: CMakeLists.txt
-        anchor: 'src/llama\\.cpp\\)'
-        action: replace
-        text: 'src/llama.cpp src/llama-dca.cpp)'
+        anchor: '(?m)^add_library\\(llama src/llama\\.cpp\\)\\n'
+        action: insert_after
+        text: "target_sources(llama PRIVATE src/llama-dca.cpp)\\n"
     """)
 
 
