@@ -82,10 +82,13 @@ def gpu_script(root: Path) -> str:
     srcs = sorted(f"llama.cpp/ggml/src/ggml-cuda/{p.name}" for p in cuda.glob("*.cu"))
     cmake = (root / "llama.cpp/ggml/CMakeLists.txt").read_text()
     m = re.search(r'GGML_CUDA_FA_QUANTS\s+"([^"]+)"', cmake)
-    assert m, "this llama.cpp has no GGML_CUDA_FA_QUANTS default: the fixture's GPU script needs one"
-    combos = set(m.group(1).split(";")) | {"f16-f16"}
-    fa = [f"-DGGML_CUDA_FA_{k.upper()}_{v.upper()}={int(f'{k}-{v}' in combos)}" for v in FA_TYPES for k in FA_TYPES]
-    vec = " ".join(f"$T/fattn-vec-instance-{c}.cu" for c in sorted(combos))
+    if m:  # llama.cpp picks the flash-attention vec instances by GGML_CUDA_FA_<K>_<V> (b11000 and later)
+        combos = set(m.group(1).split(";")) | {"f16-f16"}
+        fa = [f"-DGGML_CUDA_FA_{k.upper()}_{v.upper()}={int(f'{k}-{v}' in combos)}" for v in FA_TYPES for k in FA_TYPES]
+        fa.append(f"-DGGML_CUDA_FA_QUANTS='\"{','.join(sorted(combos))}\"'")
+        vec = " ".join(f"$T/fattn-vec-instance-{c}.cu" for c in sorted(combos))
+    else:  # older: every vec instance, all quants
+        fa, vec = ["-DGGML_CUDA_FA_ALL_QUANTS"], "$(ls $T/fattn-vec*.cu)"
     lines = "".join(f"  {s} \\\n" for s in srcs)
     fa_flags = " \\\n  ".join(" ".join(fa[i:i + 4]) for i in range(0, len(fa), 4))
     return f"""#!/bin/sh
@@ -110,7 +113,7 @@ INSTANCES="$(ls $T/fattn-tile*.cu $T/fattn-mma*.cu $T/mmq*.cu $T/mmf*.cu) {vec}"
 exec build/cudacc --shared -Xcompiler -fPIC -O3 -std=c++17 -use_fast_math -extended-lambda \\
   -gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 \\
   -DNDEBUG -DGGML_BUILD -DGGML_SHARED -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED -DGGML_USE_CUDA \\
-  -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_SCHED_MAX_COPIES=4 -DGGML_CUDA_FA_QUANTS='"{','.join(sorted(combos))}"' \\
+  -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_SCHED_MAX_COPIES=4 \\
   {fa_flags} \\
   -Illama.cpp/ggml/include -Illama.cpp/ggml/src -Illama.cpp/ggml/src/ggml-cuda ${{CUBLAS_INCLUDE:+-I$CUBLAS_INCLUDE}} \\
   -o "$OUTPUT" $SRCS $INSTANCES -lcublas -lcuda
