@@ -229,11 +229,14 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
             args = [nvcc, *dryrun.nvcc_compile_args(call, tu, str(obj))[0:]]
             res = subprocess.run(args, cwd=room, capture_output=True, text=True, check=False, timeout=3600)
             assert res.returncode == 0, f"{' '.join(args)}\n{res.stderr[-4000:]}"
-            if tu.endswith("fattn-lse.cu"):
-                dump = subprocess.run(["cuobjdump", "-symbols", str(obj)], capture_output=True, text=True, check=False)
-                assert dump.returncode != 0 or "lse" in dump.stdout.lower(), dump.stdout[:2000]
-                elf = subprocess.run(["cuobjdump", "-lelf", str(obj)], capture_output=True, text=True, check=False)
-                assert elf.returncode != 0 or ("sm_86" in elf.stdout and "sm_90" in elf.stdout), elf.stdout
+            if tu.endswith("fattn-lse.cu"):  # the op's entry point, for both architectures (one fat object)
+                syms = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True,
+                                      check=True).stdout
+                assert re.search(r"(?m) T ggml_cuda_flash_attn_ext_lse\(ggml_backend_cuda_context&, ggml_tensor\*\)$",
+                                 syms), syms[:3000]
+                if shutil.which("cuobjdump"):  # the GPU machine's toolkit has it; CI's nvcc does not
+                    elf = subprocess.run(["cuobjdump", "-lelf", str(obj)], capture_output=True, text=True, check=True)
+                    assert "sm_86" in elf.stdout and "sm_90" in elf.stdout, elf.stdout
 
     # capture: the wiring is part of 0078; verify both ways
     p = cli("capture", "-c", c)
