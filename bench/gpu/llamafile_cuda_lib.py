@@ -63,8 +63,17 @@ def pack(room: Path, out: Path) -> Path:
 
 
 def _run(argv: list[str], cwd: Path) -> tuple[int, str]:
-    p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    try:
+        p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: not found"
     return p.returncode, p.stdout + p.stderr
+
+
+def _tool(name: str) -> str:
+    """A CUDA toolkit program: on PATH, else in /usr/local/cuda*/bin."""
+    found = shutil.which(name) or next((str(p) for p in sorted(Path("/usr/local").glob(f"cuda*/bin/{name}"))), None)
+    return found or name
 
 
 def build(tarball: Path, jobs: int, output: str, serial: bool) -> int:
@@ -90,7 +99,7 @@ def build(tarball: Path, jobs: int, output: str, serial: bool) -> int:
         (call,) = rec.nvcc_calls()
         sources = [a for a in call if a.endswith(".cu") and not a.startswith("-")]
         n_sources = len(sources)
-        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        nvcc = _tool("nvcc")
         objs = work / "o" / "objs"
         objs.mkdir(parents=True, exist_ok=True)
 
@@ -120,8 +129,9 @@ def build(tarball: Path, jobs: int, output: str, serial: bool) -> int:
             return 1
     seconds = time.monotonic() - t0
     _rc, nm = _run(["nm", "-DC", "--defined-only", str(out)], work)
-    _rc, elf = _run(["cuobjdump", "-lelf", str(out)], work)
-    _rc, syms = _run(["sh", "-c", f"cuobjdump -symbols '{out}' | c++filt"], work)
+    cuobjdump = _tool("cuobjdump")
+    _rc, elf = _run([cuobjdump, "-lelf", str(out)], work)
+    _rc, syms = _run(["sh", "-c", f"'{cuobjdump}' -symbols '{out}' | c++filt"], work)
     checks = {
         "host entry ggml_cuda_flash_attn_ext_lse exported (nm -D)":
             bool(re.search(r" T ggml_cuda_flash_attn_ext_lse\(", nm)),

@@ -17,7 +17,20 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.core.helpers import file_snapshot, ugit  # noqa: E402
+
+UNREACHABLE = "https://git.invalid/ggml-org/llama.cpp.git"  # .invalid never resolves: no network use
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "llamafile"
 
@@ -152,3 +165,75 @@ def finish_llamafile(src: Path) -> None:
     script = src / "llamafile/cuda.sh"
     script.write_text(gpu_script(src))
     script.chmod(0o755)
+
+
+@dataclass
+class Checkout:
+    tmp: Path
+    source: Path
+    series: Path
+    before: dict[str, tuple[int, str]]
+
+    def config(self, name: str) -> Path:
+        """examples/llamafile.yaml pointed at this checkout, its series and a workspace under tmp."""
+        data = yaml.safe_load((REPO / "examples" / "llamafile.yaml").read_text())
+        data["root"] = str(REPO)
+        data["name"] = name
+        data["cleanroom"] = str(self.tmp / "cleanroom")
+        data["source"] = {"git": str(self.source), "ref": ugit(self.source, "rev-parse", "HEAD").strip(),
+                          "submodules": True}
+        data["series"]["dir"] = str(self.series)
+        for key in ("series_readme", "upstream_sync"):
+            doc = data["bookkeeping"][key]
+            doc["file"] = str(self.series / Path(doc["file"]).name)
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+
+def make_checkout(tmp: Path, base_url: str, base_ref: str) -> Checkout:
+    src = tmp / "llamafile"
+    src.mkdir()
+    ugit(src, "init", "-q")
+    write_llamafile(src)
+    ugit(src, "-c", "protocol.file.allow=always", "submodule", "add", "-q", Path(base_url).as_uri(), "llama.cpp")
+    ugit(src / "llama.cpp", "checkout", "-q", base_ref)
+    finish_llamafile(src)
+    ugit(src, "config", "-f", ".gitmodules", "submodule.llama.cpp.url", UNREACHABLE)
+    ugit(src, "add", "-A")
+    ugit(src, "commit", "-q", "-m", "llamafile 0.10.x layout, llama.cpp as a submodule")
+    series = tmp / "work" / "vendors" / "patches" / "llamafile"
+    series.mkdir(parents=True)
+    for name in ("README.md", "UPSTREAM_SYNC.md"):
+        shutil.copy(REPO / "vendors" / "patches" / "llamafile" / name, series / name)
+    # the user's series: one plain diff on top of make setup (paths a/llama.cpp/...)
+    old = (src / "llama.cpp/src/llama.cpp").read_text()
+    (tmp / "a.txt").write_text(old)
+    (tmp / "b.txt").write_text("// opencoti: the user's series\n" + old)
+    diff = subprocess.run(["diff", "-u", "--label", "a/llama.cpp/src/llama.cpp", "--label", "b/llama.cpp/src/llama.cpp",
+                           str(tmp / "a.txt"), str(tmp / "b.txt")], capture_output=True, check=False).stdout
+    (series / "0001-opencoti-note.patch").write_bytes(diff)
+    return Checkout(tmp=tmp, source=src, series=series, before=file_snapshot(src))
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/e2e/llamafile_fixture.py DIR``: the same checkout and config in DIR (llama.cpp
+    from llama-cpp-python 0.3.36), then ``dcaforge apply``: a rendered llamafile clean room, e.g.
+    for ``bench/gpu/llamafile_cuda_lib.py pack``."""
+    from dcaforge.config import PypiSource
+    from dcaforge.source import prepare_pypi
+
+    out = Path(argv[1] if len(argv) > 1 else "cleanroom/llamafile-fixture").resolve()
+    out.mkdir(parents=True, exist_ok=False)
+    base = prepare_pypi(PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp"))
+    co = make_checkout(out, base.clone_url, base.ref)
+    cfg = co.config("lf")
+    p = subprocess.run([sys.executable, "-c", "from dcaforge.cli import main; main()", "apply", "-c", str(cfg)],
+                       cwd=REPO, check=False)
+    if p.returncode == 0:
+        print(f"room: {out / 'cleanroom' / 'lf'}\nnext: python3 bench/gpu/llamafile_cuda_lib.py pack {out / 'cleanroom' / 'lf'}")
+    return p.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

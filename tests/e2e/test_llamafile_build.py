@@ -29,12 +29,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from llamafile_fixture import finish_llamafile, write_llamafile
+from llamafile_fixture import Checkout, make_checkout
 
 from dcaforge.config import PypiSource, parse_config
 from dcaforge.source import cache_root, prepare_pypi
@@ -47,7 +46,6 @@ from tests.core.helpers import file_snapshot, ugit  # noqa: E402
 
 NEW = PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp")
 OLD = PypiSource("llama-cpp-python==0.3.21", "vendor/llama.cpp")
-UNREACHABLE = "https://git.invalid/ggml-org/llama.cpp.git"
 #: `dcaforge apply` for a config with bootstrap steps (add --trust here once apply asks for it)
 APPLY = ["apply"]
 PROGRAMS = ("o//llama.cpp/server/llama-server", "o//llamafile/llamafile")
@@ -57,55 +55,6 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     exe = [sys.executable, "-c", "from dcaforge.cli import main; main()"]
     return subprocess.run([*exe, *args], cwd=REPO, text=True, capture_output=True, check=False, timeout=3600,
                           env={**os.environ, "COLUMNS": "250", **(env or {})})
-
-
-@dataclass
-class Checkout:
-    tmp: Path
-    source: Path
-    series: Path
-    before: dict[str, tuple[int, str]]
-
-    def config(self, name: str) -> Path:
-        """examples/llamafile.yaml pointed at this checkout, its series and a workspace under tmp."""
-        data = yaml.safe_load((REPO / "examples" / "llamafile.yaml").read_text())
-        data["root"] = str(REPO)
-        data["name"] = name
-        data["cleanroom"] = str(self.tmp / "cleanroom")
-        data["source"] = {"git": str(self.source), "ref": ugit(self.source, "rev-parse", "HEAD").strip(),
-                          "submodules": True}
-        data["series"]["dir"] = str(self.series)
-        for key in ("series_readme", "upstream_sync"):
-            doc = data["bookkeeping"][key]
-            doc["file"] = str(self.series / Path(doc["file"]).name)
-        path = self.tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        return path
-
-
-def _checkout(tmp: Path, base_url: str, base_ref: str) -> Checkout:
-    src = tmp / "llamafile"
-    src.mkdir()
-    ugit(src, "init", "-q")
-    write_llamafile(src)
-    ugit(src, "-c", "protocol.file.allow=always", "submodule", "add", "-q", Path(base_url).as_uri(), "llama.cpp")
-    ugit(src / "llama.cpp", "checkout", "-q", base_ref)
-    finish_llamafile(src)
-    ugit(src, "config", "-f", ".gitmodules", "submodule.llama.cpp.url", UNREACHABLE)
-    ugit(src, "add", "-A")
-    ugit(src, "commit", "-q", "-m", "llamafile 0.10.x layout, llama.cpp as a submodule")
-    series = tmp / "work" / "vendors" / "patches" / "llamafile"
-    series.mkdir(parents=True)
-    for name in ("README.md", "UPSTREAM_SYNC.md"):
-        shutil.copy(REPO / "vendors" / "patches" / "llamafile" / name, series / name)
-    # the user's series: one plain diff on top of make setup (paths a/llama.cpp/...)
-    old = (src / "llama.cpp/src/llama.cpp").read_text()
-    (tmp / "a.txt").write_text(old)
-    (tmp / "b.txt").write_text("// opencoti: the user's series\n" + old)
-    diff = subprocess.run(["diff", "-u", "--label", "a/llama.cpp/src/llama.cpp", "--label", "b/llama.cpp/src/llama.cpp",
-                           str(tmp / "a.txt"), str(tmp / "b.txt")], capture_output=True, check=False).stdout
-    (series / "0001-opencoti-note.patch").write_bytes(diff)
-    return Checkout(tmp=tmp, source=src, series=series, before=file_snapshot(src))
 
 
 def _isolated(tmp: Path, mp: pytest.MonkeyPatch, cache: Path) -> None:
@@ -128,7 +77,7 @@ def new_pin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
     with pytest.MonkeyPatch.context() as mp:
         _isolated(tmp, mp, cache)
         base = prepare_pypi(NEW)
-        yield _checkout(tmp, base.clone_url, base.ref)
+        yield make_checkout(tmp, base.clone_url, base.ref)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +87,7 @@ def old_pin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
     with pytest.MonkeyPatch.context() as mp:
         _isolated(tmp, mp, cache)
         base = prepare_pypi(OLD)
-        yield _checkout(tmp, base.clone_url, base.ref)
+        yield make_checkout(tmp, base.clone_url, base.ref)
 
 
 def _wiring_lines(out: str) -> dict[str, str]:
