@@ -17,7 +17,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, load_config
-from .errors import DcaforgeError
+from .errors import EXIT_MISMATCH, DcaforgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -140,7 +140,7 @@ def render(
         if res.wiring is not None and not res.wiring.ok:
             err.print("the build leaves out files the feature adds", style="red")
         if not res.ok:
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
     for rel in r.written:
@@ -203,7 +203,7 @@ def drift(
     _print_misfits(res.misfits, {e.index: e for e in res.check.edits})
     out.print(res.summary())
     if res.misfits:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
@@ -383,7 +383,7 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None
             err.print(f"dry run: {p}", style="red", markup=False)
         if not rep.wiring.ok:
             err.print("the build leaves out files the feature adds", style="red")
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_MISMATCH)
     out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
 
 

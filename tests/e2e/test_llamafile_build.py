@@ -46,6 +46,8 @@ from tests.core.helpers import file_snapshot, ugit  # noqa: E402
 
 NEW = PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp")
 OLD = PypiSource("llama-cpp-python==0.3.21", "vendor/llama.cpp")
+#: the exit code of "does not fit" (a patch, an anchor, the wiring)
+DOES_NOT_FIT = 2
 #: `dcaforge apply` for a config with bootstrap steps (add --trust here once apply asks for it)
 APPLY = ["apply"]
 PROGRAMS = ("o//llama.cpp/server/llama-server", "o//llamafile/llamafile")
@@ -217,7 +219,7 @@ def test_llamafile_wiring_left_out_is_named_with_its_list(new_pin: Checkout, tmp
     p = cli(*APPLY, "-c", c)
     assert p.returncode == 0, p.stdout + p.stderr
     p = cli("render", "-c", c, "--check")
-    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.returncode == DOES_NOT_FIT, p.stdout + p.stderr
     rows = _wiring_lines(p.stdout)
     assert re.match(r"missing not built by make; add it to LLAMA_SRCS_CPP in llama\.cpp/BUILD\.mk:\d+ \(it lists \d+ "
                     r"other files of llama\.cpp/src/\)", rows["llama.cpp/src/llama-dca.cpp"]), rows
@@ -225,14 +227,14 @@ def test_llamafile_wiring_left_out_is_named_with_its_list(new_pin: Checkout, tmp
                     rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"]), rows
     assert "the build leaves out files the feature adds" in p.stderr
     p = cli("build", "-c", c)
-    assert p.returncode == 2 and "the llamafile build leaves out 3 file(s) the feature adds" in " ".join(p.stderr.split())
+    assert p.returncode == DOES_NOT_FIT and "the llamafile build leaves out 3 file(s) the feature adds" in " ".join(p.stderr.split())
 
 
 def test_old_pin_stops_before_rendering_and_classifies_each_misfit(old_pin: Checkout) -> None:
     cfg_path = old_pin.config("lf-old")
     c = str(cfg_path)
     p = cli(*APPLY, "-c", c)
-    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.returncode == DOES_NOT_FIT, p.stdout + p.stderr
     cfg = parse_config(cfg_path)
     room = cfg.room
     # the series is applied and the baseline tagged, but not one byte of the render is written
@@ -240,7 +242,7 @@ def test_old_pin_stops_before_rendering_and_classifies_each_misfit(old_pin: Chec
     assert ugit(room, "status", "--porcelain", "--untracked-files=all").strip() == ""
     assert not (room / "llama.cpp/src/llama-dca.cpp").exists()
     p = cli("render", "-c", c, "--check")
-    assert p.returncode == 2
+    assert p.returncode == DOES_NOT_FIT
     out = p.stdout
     m = re.search(r"misfits: (\d+) drifted, (\d+) absent", out)
     assert m and int(m.group(1)) >= 3 and int(m.group(2)) >= 5, out[-5000:]
