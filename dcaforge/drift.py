@@ -62,8 +62,14 @@ class _Search:
     def __init__(self, tree: Tree, prefix: str) -> None:
         self.tree, self.prefix = tree, prefix
         self._texts: dict[str, str] | None = None
+        self._found: dict[str, list[str]] = {}
 
     def files_with(self, word: str) -> list[str]:
+        if word not in self._found:
+            self._found[word] = self._files_with(word)
+        return self._found[word]
+
+    def _files_with(self, word: str) -> list[str]:
         if isinstance(self.tree, GitTree):
             from .git import git
 
