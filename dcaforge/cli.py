@@ -17,7 +17,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, load_config
-from .errors import DcaforgeError
+from .errors import EXIT_MISMATCH, DcaforgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -130,25 +130,17 @@ def render(
         out.print(f"{len(fitted)} fit ({alts} by an alternative), "
                   f"{sum(1 for e in res.edits if e.status == 'skipped')} skipped, "
                   f"{sum(1 for e in res.edits if not e.fits)} do not fit, of {len(res.edits)} edits")
-        for e in res.edits:
-            if e.fits:
-                continue
-            where = f"edit #{e.index} ({e.file or 'no file'}, manifest line {e.manifest_line})"
-            if e.status == "ambiguous":
-                out.print(f"{where}: {'anchor' if not e.variant else f'alternative {e.variant}'} {e.anchor!r} matched lines:",
-                          markup=False)
-                for c in e.closest:
-                    out.print(f"    {c}", markup=False)
-            for variant, anchor, _n, close in e.tried:
-                out.print(f"{where}: {'anchor' if not variant else f'alternative {variant}'} {anchor!r} matches nowhere; "
-                          "closest lines:", markup=False)
-                for c in close:
-                    out.print(f"    {c}", markup=False)
+        _print_misfits(res.misfits, {e.index: e for e in res.edits})
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
-        if not res.ok:
+        if res.wiring is not None:
+            _print_wiring(res.wiring)
+        if not res.anchors_ok:
             err.print("some anchors do not fit", style="red")
-            raise typer.Exit(2)
+        if res.wiring is not None and not res.wiring.ok:
+            err.print("the build leaves out files the feature adds", style="red")
+        if not res.ok:
+            raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
     for rel in r.written:
@@ -156,6 +148,62 @@ def render(
     for rel in r.restored:
         out.print(f"restored  {rel}")
     out.print(f"{len(r.written)} written, {len(r.unchanged)} unchanged, {len(r.restored)} restored")
+
+
+def _print_misfits(misfits: list[Any], edits: dict[int, Any]) -> None:
+    """One table: each edit that does not fit, drifted or absent, and why (nearest lines from the
+    pristine baseline file)."""
+    if not misfits:
+        return
+    drifted = sum(1 for m in misfits if m.kind == "drifted")
+    out.print(f"misfits: {drifted} drifted, {len(misfits) - drifted} absent")
+    rows = [("#", "file", "class", "why")] + [(str(m.index), m.file, m.kind, m.reason) for m in misfits]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    pad = " " * (sum(widths) + 6)
+    for k, row in enumerate(rows):
+        out.print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3],
+                  style=None if k == 0 else "red", markup=False)
+        if k == 0:
+            continue
+        m = misfits[k - 1]
+        e = edits.get(m.index)
+        for label, lines in m.nearest:
+            anchor = e.anchor if e is not None and label in ("anchor", "matched") else next(
+                (a for v, a, _n, _c in (e.tried if e is not None else []) if f"alternative {v}" == label), "")
+            out.print(f"{pad}{label} {anchor!r} (manifest line {m.manifest_line}):", markup=False)
+            for c in lines:
+                out.print(f"{pad}    {c}", markup=False)
+
+
+def _print_wiring(w: Any) -> None:
+    if not w.rows:
+        out.print(f"wiring ({w.backend}): the feature adds no .c/.cpp/.cu file")
+        return
+    n_ok = sum(1 for r in w.rows if r.status == "ok")
+    out.print(f"wiring ({w.backend}): {n_ok} of {len(w.rows)} added sources built"
+              + (f", {len(w.missing)} left out" if w.missing else ""))
+    for r in w.rows:
+        if r.status == "missing":
+            out.print(f"  missing  {r.source}: not built by {r.build}; add it to {r.join}", style="red", markup=False)
+        else:
+            out.print(f"  {r.status:<8} {r.source}: {r.how}", style=None if r.status == "ok" else "dim", markup=False)
+
+
+@app.command()
+def drift(
+    config: ConfigOpt = None,
+    sdist: Annotated[str | None, typer.Option("--sdist", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
+    tree: Annotated[Path | None, typer.Option("--tree", help="a llama.cpp tree (a folder)")] = None,
+) -> None:
+    """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
+    from .drift import canary
+
+    cfg = _config(config)
+    res = _call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    _print_misfits(res.misfits, {e.index: e for e in res.check.edits})
+    out.print(res.summary())
+    if res.misfits:
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
@@ -254,8 +302,14 @@ def build(
     targets: Annotated[list[str] | None, typer.Option("--targets", "-t", help="targets to build (repeat, or "
                                                       "space-separated); default: build.*.targets of the config")] = None,
     jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="llamafile: run its Makefile with make -n and a stand-in "
+                                      "cosmocc (and, with --cuda, the GPU script with a recording nvcc) and check "
+                                      "that the feature's files are compiled and linked; builds nothing")] = False,
 ) -> None:
     """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
+    if dry:
+        _dry_run(config, cuda, targets)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .build import BuildHooks
@@ -299,6 +353,38 @@ def build(
     out.print(f"log:       {res.log}")
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
 
+
+
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None:
+    from .build import dry_run
+
+    cfg = _config(config)
+    progs = [t for group in (targets or []) for t in group.split()]
+    rep = _call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
+    _print_wiring(rep.wiring)
+    out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
+    for src, obj in rep.objects.items():
+        if obj is None:
+            out.print(f"  {src}: not compiled", style="red", markup=False)
+            continue
+        on = [p for p, ok in rep.linked[src].items() if ok]
+        off = [p for p, ok in rep.linked[src].items() if not ok]
+        out.print(f"  {src} -> {obj}; linked into {', '.join(on) or 'nothing'}"
+                  + (f"; NOT into {', '.join(off)}" if off else ""), style="red" if off else None, markup=False)
+    for src in rep.unbuilt:
+        out.print(f"  {src}: not built by this build (see the wiring above)", style="dim", markup=False)
+    if rep.cuda_argv is not None:
+        out.print(f"gpu script (stand-in nvcc): {' '.join(rep.cuda_argv)}: {len(rep.nvcc_calls)} nvcc call(s)", markup=False)
+        for src, ok in rep.cuda_sources.items():
+            out.print(f"  {src}: {'handed to nvcc' if ok else 'NOT handed to nvcc'}", style=None if ok else "red",
+                      markup=False)
+    if not rep.ok:
+        for p in rep.problems:
+            err.print(f"dry run: {p}", style="red", markup=False)
+        if not rep.wiring.ok:
+            err.print("the build leaves out files the feature adds", style="red")
+        raise typer.Exit(EXIT_MISMATCH)
+    out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
 
 
 @app.command()

@@ -145,6 +145,9 @@ class LlamafileBuildConfig:
     targets: tuple[str, ...] = ()   # () = the Makefile's default goal
     cuda_flags: tuple[str, ...] = ()
     cuda_output: str = "o/cuda/ggml-cuda.so"  # relative to the clean room
+    cuda_script: str = "llamafile/cuda.sh"  # the GPU library script, relative to the clean room
+    # the programs whose link lines must carry the feature's objects (`build --dry-run` checks them)
+    programs: tuple[str, ...] = ("o//llama.cpp/server/llama-server", "o//llamafile/llamafile")
 
 
 @dataclass(frozen=True)
@@ -446,12 +449,14 @@ def _parse_build(top: Reader) -> BuildConfig:
     )
 
     lf = b.sub("llamafile")
-    lf.check_keys({"make", "targets", "cuda_flags", "cuda_output"})
+    lf.check_keys({"make", "targets", "cuda_flags", "cuda_output", "cuda_script", "programs"})
     llamafile = LlamafileBuildConfig(
         make=lf.get("make", str),
         targets=_str_list(lf, "targets"),
         cuda_flags=_str_list(lf, "cuda_flags"),
         cuda_output=_clean_relpath(lf, "cuda_output", lf.get("cuda_output", str, default="o/cuda/ggml-cuda.so")),
+        cuda_script=_clean_relpath(lf, "cuda_script", lf.get("cuda_script", str, default="llamafile/cuda.sh")),
+        programs=_str_list(lf, "programs") or LlamafileBuildConfig.programs,
     )
     return BuildConfig(backend=backend, jobs=jobs, ccache=b.get("ccache", bool, default=True),
                        cmake=cmake, llamafile=llamafile)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import posixpath
 import re
 import stat
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from .git import git, rev_parse, status_porcelain
 from .yamlio import Reader, load_yaml
 
 ACTIONS = ("insert_before", "insert_after", "replace")
+#: What an edit's paths are relative to: llama.cpp's folder (default) or the clean room's root
+#: (e.g. llamafile's GPU library script, llamafile/cuda.sh, beside llama.cpp/).
+BASES = ("llama_cpp_dir", "room")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class EditSpec:
     when: str | None = None
     alternatives: tuple[AltSpec, ...] = ()
     text_file: str | None = None  # the body's template, relative to the feature folder
+    base: str = "llama_cpp_dir"  # or "room": file and when_exists are relative to the clean room's root
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,11 @@ def load_manifest(folder: Path) -> Manifest:
     for i, item in enumerate(top.get("edits", list, default=[])):
         line = top.list_lines("edits")[i]
         r = Reader(item, file, f"edits[{i}]", line)
-        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives"})
+        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives",
+                      "base"})
+        base = r.get("base", str, default="llama_cpp_dir")
+        if base not in BASES:
+            raise r.error("base", f"'{r.key('base')}' must be one of {', '.join(BASES)}, got {base!r}")
         target = r.get("file", (str, list), required=True)
         cands = [target] if isinstance(target, str) else list(target)
         if not cands or not all(isinstance(c, str) for c in cands):
@@ -222,7 +231,8 @@ def load_manifest(folder: Path) -> Manifest:
         edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
                               when_exists=_relpath(r, "when_exists", when) if when else None,
                               anchor=anchor, count=count, action=action or "",
-                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file))
+                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file,
+                              base=base))
     return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
 
 
@@ -364,30 +374,43 @@ class TreeFacts:
         self._prefix = prefix
         self._texts: dict[str, str | None] = {}
 
-    def has(self, path: str) -> bool:
-        """The file or folder exists."""
-        return self._tree.exists(self._prefix + path)
+    def _full(self, path: str, root: bool) -> str | None:
+        full = posixpath.normpath(path if root else self._prefix + path)
+        return None if full.startswith("../") or full == ".." or full.startswith("/") else full
 
-    def text(self, path: str) -> str | None:
+    def has(self, path: str, root: bool = False) -> bool:
+        """The file or folder exists (``root=True``: ``path`` is relative to the clean room's root)."""
+        full = self._full(path, root)
+        return full is not None and self._tree.exists(full)
+
+    def text(self, path: str, root: bool = False) -> str | None:
         """The file's text, or None when it is absent (or not UTF-8)."""
-        if path not in self._texts:
-            full = self._prefix + path
+        full = self._full(path, root)
+        if full is None:
+            return None
+        if full not in self._texts:
             try:
-                self._texts[path] = self._tree.read(full).decode("utf-8") if self._tree.is_file(full) else None
+                self._texts[full] = self._tree.read(full).decode("utf-8") if self._tree.is_file(full) else None
             except UnicodeDecodeError:
-                self._texts[path] = None
-        return self._texts[path]
+                self._texts[full] = None
+        return self._texts[full]
 
-    def contains(self, path: str, text: str) -> bool:
+    def contains(self, path: str, text: str, root: bool = False) -> bool:
         """The file exists and holds ``text`` (a literal string, not a regex)."""
-        got = self.text(path)
+        got = self.text(path, root)
         return got is not None and text in got
 
+    def matches(self, path: str, regex: str, root: bool = False) -> bool:
+        """The file exists and the Python regex ``regex`` matches somewhere in it (MULTILINE)."""
+        got = self.text(path, root)
+        return got is not None and re.search(regex, got, re.MULTILINE) is not None
+
     def __repr__(self) -> str:
-        return "tree (has(path), contains(path, text))"
+        return "tree (has(path), contains(path, text), matches(path, regex); root=True: from the room's root)"
 
 
-CONTEXT_HINT = "the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), tree.contains(path, text))"
+CONTEXT_HINT = ("the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), "
+                "tree.contains(path, text), tree.matches(path, regex), each with root=True for room-relative paths)")
 
 
 def _prefix(cfg: Config) -> str:
@@ -525,8 +548,8 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
     outputs: dict[str, tuple[bytes, int]] = {}
     files_report: list[tuple[str, str]] = []
 
-    def exists(rel: str) -> bool:
-        return (prefix + rel) in outputs or tree.exists(prefix + rel)
+    def exists(rel: str, pre: str = prefix) -> bool:
+        return (pre + rel) in outputs or tree.exists(pre + rel)
 
     for spec in manifest.files:
         if spec.when_exists and not exists(spec.when_exists):
@@ -542,12 +565,14 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
         files_report.append((spec.dest, "rendered"))
 
     texts: dict[str, str] = {}
+    pristine: dict[str, str] = {}  # each file before this render's edits: where the closest lines come from
     reports: list[EditReport] = []
     for edit in manifest.edits:
         rep = EditReport(index=edit.index, manifest_line=edit.line, action=edit.action, anchor=edit.anchor,
                          count=edit.count)
         reports.append(rep)
-        if edit.when_exists and not exists(edit.when_exists):
+        pre = "" if edit.base == "room" else prefix
+        if edit.when_exists and not exists(edit.when_exists, pre):
             rep.status = "skipped"
             rep.note = f"{edit.when_exists} does not exist"
             continue
@@ -555,7 +580,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             rep.status = "skipped"
             rep.note = f"when: {edit.when}"
             continue
-        chosen = next((c for c in edit.files if exists(c)), None)
+        chosen = next((c for c in edit.files if exists(c, pre)), None)
         if chosen is None:
             rep.status = "no-file"
             rep.note = "none of " + ", ".join(edit.files) + " exists"
@@ -566,7 +591,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:' or 'when:'")
             continue
         rep.file = chosen
-        full = prefix + chosen
+        full = pre + chosen
         if full not in texts:
             if full in outputs:
                 texts[full] = outputs[full][0].decode("utf-8")
@@ -576,6 +601,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                 except UnicodeDecodeError as exc:
                     raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
                                       where=manifest.where(edit.line)) from None
+            pristine[full] = texts[full]
         text = texts[full]
         fitted = None
         for variant, anchor, action, count, body_src, when, line in _variants(edit):
@@ -593,7 +619,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                 rep.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
                 rep.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
                 break
-            rep.tried.append((variant, anchor, 0, closest_lines(text, anchor)))
+            rep.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
         if fitted is None:
             if rep.status != "ambiguous":
                 rep.status = "missing"
@@ -657,10 +683,16 @@ class CheckResult:
     tree: str
     edits: list[EditReport]
     files: list[tuple[str, str]]
+    misfits: list[Any] = field(default_factory=list)  # drift.Misfit: why each edit that does not fit fails
+    wiring: Any = None  # wiring.WiringReport: whether the build compiles and links every added source
+
+    @property
+    def anchors_ok(self) -> bool:
+        return all(e.fits for e in self.edits)
 
     @property
     def ok(self) -> bool:
-        return all(e.fits for e in self.edits)
+        return self.anchors_ok and (self.wiring is None or self.wiring.ok)
 
 
 def _sha(data: bytes) -> str:
@@ -765,4 +797,10 @@ def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
                                 hint="dcaforge apply --continue")
         tree, label = GitTree(room.path, baseline), f"{room.path} @ {BASELINE_TAG}"
     p = plan(cfg, tree, manifest, check=True)
-    return CheckResult(tree=label, edits=p.edits, files=p.files)
+    from .drift import classify
+    from .wiring import check_wiring
+
+    res = CheckResult(tree=label, edits=p.edits, files=p.files)
+    res.misfits = classify(res, tree, _prefix(cfg), {e.index: e.files for e in manifest.edits})
+    res.wiring = check_wiring(cfg, tree, p.outputs)
+    return res

@@ -102,5 +102,13 @@ def test_cli_render_check_says_which_alternative_fits(project) -> None:
     (other / "src/llama.cpp").write_text("int line_011 = 11;\n")
     r = _run("render", "-c", c, "--check", "--tree", str(other))
     assert r.exit_code == 2
-    assert "edit #0 (src/llama.cpp, manifest line 2): alternative 1 'int line_010 = 10;' matches nowhere; closest lines:" in r.output
-    assert "    1: int line_011 = 11;" in r.output
+    out = r.output.splitlines()
+    table = out.index("misfits: 0 drifted, 1 absent")
+    assert out[table + 1].split() == ["#", "file", "class", "why"]
+    row = table + 2
+    # what the anchor hooks (line_0100) is in no file of the tree: absent, not drifted
+    assert out[row].split()[:3] == ["0", "src/llama.cpp", "absent"] and "`line_0100` in no file of this tree" in out[row]
+    # every anchor tried, with the nearest lines of the pristine baseline file
+    assert out[row + 1].strip() == "anchor 'int line_0100 = 100;' (manifest line 2):"
+    assert out[row + 3].strip() == "alternative 1 'int line_010 = 10;' (manifest line 2):"
+    assert out[row + 4].strip() == "1: int line_011 = 11;"

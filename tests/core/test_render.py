@@ -246,9 +246,12 @@ def test_alternatives_first_fit_wins_and_when_reads_the_tree(project) -> None:
     apply(cfg, render=False)
     _manifest(project, DRIFT_MANIFEST)
     res = check(cfg)
-    assert res.ok
+    assert res.anchors_ok
     assert [(e.index, e.status, e.fit, e.matches) for e in res.edits] == [
         (0, "ok", "alt 2", 1), (1, "ok", "anchor", 1), (2, "skipped", "-", 0)]
+    # the new file is not in CMakeLists.txt's add_library: the wiring check names it and where it goes
+    assert not res.ok and [(w.source, w.status, w.join) for w in res.wiring.rows] == [
+        ("src/llama-dca.cpp", "missing", "CMakeLists.txt:2 (next to src/llama.cpp)")]
     assert res.edits[0].anchor == "Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, nullptr,"  # what fitted
     assert [a for _v, a, _n, _c in res.edits[0].tried][:1] == ["Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors,"]
     assert res.edits[2].note == "when: not tree.has('src/models/gemma4.cpp')"

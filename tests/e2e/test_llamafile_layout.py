@@ -119,7 +119,10 @@ def _make_llamafile(tmp: Path, llama_url: str, llama_commit: str) -> Llamafile:
         "build/config.mk": "COSMOCC = .cosmocc/4.0.2\n",
         "llamafile/main.c": "int main(void) { return 0; }\n",
         ".gitignore": "/o\n/.cosmocc\n",
-        "llama.cpp.patches/llamafile-files/BUILD.mk": "# llamafile's build of llama.cpp\n",
+        # llamafile's build of llama.cpp lists its sources (0078 adds its own; tests/e2e/test_llamafile_build.py
+        # runs llamafile's real Makefile)
+        "llama.cpp.patches/llamafile-files/BUILD.mk": ("LLAMA_SRCS_CPP := \\\n\tllama.cpp/src/llama.cpp\n\n"
+                                                       "LLAMA_OBJS := $(LLAMA_SRCS_CPP:%.cpp=o/$(MODE)/%.cpp.o)\n"),
         "llama.cpp.patches/llamafile-files/README.llamafile": "llamafile's changes to llama.cpp\n",
         # llama.cpp's .gitignore ignores this one: the bootstrap must commit it all the same
         "llama.cpp.patches/llamafile-files/common/build-info.cpp": 'int LLAMA_BUILD_NUMBER = 0;\n',
