@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, load_config
-from .errors import DcaforgeError
+from .errors import EXIT_INTERRUPTED, EXIT_MISMATCH, DcaforgeError, InterruptedRun
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -32,6 +33,10 @@ T = TypeVar("T")
 def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
     try:
         return fn()
+    except InterruptedRun as exc:
+        err.print(f"[bold yellow]interrupted:[/] {escape(str(exc.message))}", markup=True)
+        err.print(f"  [bold]next:[/] {escape(str(exc.hint))}", markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except DcaforgeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc.message))}", markup=True)
         if exc.where:
@@ -43,13 +48,24 @@ def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         err.print(f"  [bold]next:[/] {escape(str(hint))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("[bold yellow]interrupted[/]: " + (interrupted or "the clean room is at the last completed step; "
-                  "`dcaforge apply --continue` resumes"), markup=True)
-        raise typer.Exit(130) from None
+        err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
+                  "command again"), markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _config(path: Path | None) -> Config:
     return _call(lambda: load_config(path))
+
+
+class _Warnings(logging.Handler):
+    """dcaforge's warnings (what it repaired or removed after an interrupted run) on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {escape(record.getMessage())}", markup=True)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
 @app.callback()
@@ -58,8 +74,15 @@ def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log eve
     if version:
         out.print(f"dcaforge {__version__}")
         raise typer.Exit(0)
+    logger = logging.getLogger("dcaforge")
+    for h in [h for h in logger.handlers if isinstance(h, _Warnings)]:
+        logger.removeHandler(h)
+    handler = _Warnings(level=logging.WARNING)
+    logger.addHandler(handler)
     if verbose:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 @app.command()
@@ -69,6 +92,8 @@ def apply(
     cont: Annotated[bool, typer.Option("--continue", help="resume after a failed or interrupted apply")] = False,
     include_wip: Annotated[bool, typer.Option("--include-wip", help="copy the source checkout's uncommitted files into the new clean room")] = False,
     no_render: Annotated[bool, typer.Option("--no-render", help="stop at the baseline")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="run the config's bootstrap commands (shown before they run); "
+                                        "without it they run only from a config listed in the settings file")] = False,
 ) -> None:
     """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
     from .series import ApplyHooks, Patch
@@ -84,7 +109,7 @@ def apply(
         err.print(f"  {s}", markup=False)
 
     res = _call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
-                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step)))
+                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust))
     out.print(f"clean room: {res.room}")
     out.print(f"source:     {res.source}")
     out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"
@@ -148,7 +173,7 @@ def render(
             out.print(f"file {dest}: {what}")
         if not res.ok:
             err.print("some anchors do not fit", style="red")
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
     for rel in r.written:
@@ -344,6 +369,8 @@ def gate(
 
 
 def main() -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     app()
 
 

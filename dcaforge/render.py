@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import jinja2
 
+from . import confine, sandbox
 from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
@@ -96,8 +97,10 @@ def _mode(r: Reader, value: Any) -> int | None:
 
 def _relpath(r: Reader, key: str, value: str) -> str:
     p = PurePosixPath(value)
-    if p.is_absolute() or ".." in p.parts or not value.strip():
-        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}")
+    problem = confine.path_problem(value)
+    if problem:
+        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}, which {problem}",
+                      hint="name a file of the tree relative to llama_cpp_dir, e.g. src/llama-dca.cpp")
     return p.as_posix()
 
 
@@ -152,7 +155,11 @@ def load_manifest(folder: Path) -> Manifest:
         r.check_keys({"template", "dest", "mode", "when_exists", "when"})
         template = _relpath(r, "template", r.get("template", str, required=True))
         if not (folder / template).is_file():
-            raise r.error("template", f"template file not found: {folder / template}")
+            raise r.error("template", f"template file not found: {folder / template}",
+                          hint=f"add it, or fix '{r.key('template')}' (relative to {folder})")
+        if confine.escape_reason(folder, template):
+            raise r.error("template", f"template {template} is a symlink out of the feature folder {folder}",
+                          hint="copy the file into the feature folder instead of linking to it")
         when = r.get("when_exists", str)
         files.append(FileSpec(index=i, line=line, template=template,
                               dest=_relpath(r, "dest", r.get("dest", str, required=True)),
@@ -324,12 +331,20 @@ class TreeFacts:
         self._prefix = prefix
         self._texts: dict[str, str | None] = {}
 
+    @staticmethod
+    def _check(path: Any) -> None:
+        problem = confine.path_problem(path) if isinstance(path, str) else "is not a string"
+        if problem:
+            raise jinja2.sandbox.SecurityError(f"tree: the path {path!r} {problem}")
+
     def has(self, path: str) -> bool:
         """The file or folder exists."""
+        self._check(path)
         return self._tree.exists(self._prefix + path)
 
     def text(self, path: str) -> str | None:
         """The file's text, or None when it is absent (or not UTF-8)."""
+        self._check(path)
         if path not in self._texts:
             full = self._prefix + path
             try:
@@ -367,13 +382,13 @@ def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
 
 
 def _env(folder: Path) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    """Jinja's ImmutableSandboxedEnvironment, bounded (see :mod:`dcaforge.sandbox`)."""
+    return sandbox.environment(folder)
 
 
 def _render_str(env: jinja2.Environment, source: str, ctx: dict[str, Any], where: str) -> str:
     try:
-        return env.from_string(source).render(ctx)
+        return sandbox.render(env.from_string(source), ctx)
     except jinja2.TemplateError as exc:
         raise ConfigError(f"template error: {exc}", where=where,
                           hint=CONTEXT_HINT) from None
@@ -386,7 +401,7 @@ def render_template(cfg: Config, tree: Tree, folder: Path, source: str, where: s
 
 def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], folder: Path) -> str:
     try:
-        return env.get_template(template).render(ctx)
+        return sandbox.render(env.get_template(template), ctx)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"template syntax error: {exc.message}", where=f"{folder / template}:{exc.lineno}") from None
     except jinja2.TemplateError as exc:
@@ -398,6 +413,7 @@ def _true(env: jinja2.Environment, when: str | None, ctx: dict[str, Any], where:
     if when is None:
         return True
     try:
+        sandbox.restart_clock(env)
         return bool(env.compile_expression(when)(**ctx))
     except jinja2.TemplateError as exc:
         raise ConfigError(f"'when: {when}' failed: {exc}", where=where, hint=CONTEXT_HINT) from None
@@ -615,8 +631,17 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
                             where=str(room.path), hint="dcaforge apply --continue")
     tree = GitTree(room.path, baseline)
-    p = plan(cfg, tree, manifest)
+    try:
+        p = plan(cfg, tree, manifest)
+    except DcaforgeError as exc:
+        room.update_state(render_error=exc.message)  # capture refuses a room whose render stopped
+        raise
     state = room.load_state()
+    previous_paths = set(state.get("rendered") or {})
+    for rel in sorted(set(p.outputs) | previous_paths):  # every path checked before the first write
+        confine.resolve_in(room.path, rel, what="render target", where=f"{manifest.path} -> {room.path / rel}",
+                           hint="fix the manifest's dest/file (a path under llama_cpp_dir), or remove the symlink from "
+                                "the tree; nothing was written")
     previous: dict[str, str] = state.get("rendered") or {}
     touched = set(p.outputs) | set(previous)
     if not force:
@@ -651,7 +676,7 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         elif dest.exists() or dest.is_symlink():
             os.unlink(dest)
         result.restored.append(rel)
-    room.update_state(rendered=new_hashes, rendering=None,
+    room.update_state(rendered=new_hashes, rendering=None, render_error=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
 

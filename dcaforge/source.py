@@ -174,12 +174,26 @@ def prepare(cfg: Config) -> BaseSource:
 
 
 def check_workspace(cfg: Config, base: BaseSource | None = None) -> None:
-    """Refuse a workspace inside the source checkout (it would dirty the user's tree)."""
+    """Refuse a workspace inside the source checkout, its git directory (a linked worktree's
+    common one and its main worktree included) or any git directory: it would dirty the user's tree."""
+    from .bookkeeping import _git_dir_above
+
+    for p in (cfg.workspace, cfg.room):
+        gitdir = _git_dir_above(Path(os.path.realpath(p)))
+        if gitdir is not None:
+            raise SafetyError(f"the clean-room workspace {cfg.workspace} is inside the git directory {gitdir}",
+                              where=f"cleanroom: in {cfg.describe()}",
+                              hint="set 'cleanroom:' to a folder outside git directories and the source checkout")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = base.checkout if base else inspect_checkout(cfg.source.local_path)
-        top = info.toplevel if info else cfg.source.local_path
-        if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
-            raise SafetyError(
-                f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",
-                where=f"cleanroom: in {cfg.describe()}",
-                hint="set 'cleanroom:' to a folder outside the source checkout")
+        tops = [info.toplevel if info else cfg.source.local_path]
+        if info is not None:
+            tops += [d for d in (info.git_dir, info.common_dir) if d is not None]
+            if info.common_dir is not None and info.common_dir.name == ".git":
+                tops.append(info.common_dir.parent)
+        for top in tops:
+            if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
+                raise SafetyError(
+                    f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",
+                    where=f"cleanroom: in {cfg.describe()}",
+                    hint="set 'cleanroom:' to a folder outside the source checkout")
