@@ -264,6 +264,12 @@ def status(
         rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
     if res.source_uncommitted:
         rows.append(("source wip", ", ".join(res.source_uncommitted)))
+    if res.source_submodules_wip:
+        rows.append(("submodule wip", ", ".join(res.source_submodules_wip) + " (uncommitted files inside; "
+                     "--include-wip copies them)"))
+    if res.unsafe_config:
+        rows.append(("room config", "UNSAFE: .git/config sets " + ", ".join(res.unsafe_config)
+                     + " (could run commands); `dcaforge apply` removes them"))
     for k, v in rows:
         out.print(f"{k:<11} {v}", markup=False)
 

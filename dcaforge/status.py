@@ -1,4 +1,6 @@
-"""``dcaforge status``: where the clean room stands (reads only)."""
+"""``dcaforge status``: where the clean room stands (reads only; evaluates nothing a user wrote:
+no template, ``when:`` or bookkeeping row is rendered, and no git runs in a room whose
+.git/config could make it run a command)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from .capture import baseline_tree, tree_diff, worktree_tree
 from .cleanroom import Room
 from .config import Config, GitSource
 from .errors import DcaforgeError
-from .git import inspect_checkout
+from .git import config_problems, inspect_checkout
 from .render import hand_edited_files, manifest_digest
 from .series import _series_record, applied_names, discover
 
@@ -32,6 +34,8 @@ class StatusResult:
     templates_changed: bool = False
     dirty: list[str] = field(default_factory=list)  # hand edits beyond the last render
     source_uncommitted: list[str] = field(default_factory=list)
+    source_submodules_wip: list[str] = field(default_factory=list)  # submodules of the source with uncommitted files
+    unsafe_config: list[str] = field(default_factory=list)  # settings in the room's .git/config dcaforge refuses
     patch: str = ""
     patch_state: str = "unknown"  # fresh | stale | missing | unknown
 
@@ -47,6 +51,7 @@ def status(cfg: Config) -> StatusResult:
         info = inspect_checkout(cfg.source.local_path)
         if info is not None:
             res.source_uncommitted = list(info.uncommitted) + list(info.deleted)
+            res.source_submodules_wip = list(info.submodules_wip)
     patches = discover(cfg)
     res.series_total = len(patches)
     if not room.is_ours():
@@ -55,6 +60,9 @@ def status(cfg: Config) -> StatusResult:
     state = room.load_state()
     res.phase = state.get("phase")
     res.base_commit = state.get("base")
+    res.unsafe_config = config_problems(room.path / ".git" / "config")
+    if res.unsafe_config:
+        return res  # no git runs there until a command that takes the room has removed them
     res.series_changed = state.get("series") not in (None, _series_record(patches))
     res.failed = state.get("failed")
     res.series_applied = len(applied_names(room.path))
