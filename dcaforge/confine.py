@@ -407,7 +407,8 @@ def check_patch_text(ref: PatchRef, parsed: ParsedPatch, hint: str) -> None:
     symlink targets stay inside, no name goes through a symlink the same patch makes, and nothing
     in it is left for a tool to guess at (not a unified diff, hunks cut short)."""
     for line, what in parsed.problems:
-        _raise(ref, line, "", what, hint)
+        raise SafetyError(f"patch {ref.name}: {what}; refusing it before it is applied", where=f"{ref.path}:{line}",
+                          hint=hint)
     made_links: dict[str, int] = {}
     for e in parsed.entries:
         for p in e.paths:

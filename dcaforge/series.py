@@ -277,11 +277,11 @@ def check_series(patches: list[Patch], strip: int = 1) -> None:
     seen: dict[str, Patch] = {}
     for patch in patches:
         parsed = read_patch(patch, strip)
+        confine.check_patch_text(confine.PatchRef(patch.name, patch.path), parsed, confine_hint(patch, resume=False))
         if not any(e.hunks or e.binary or e.modes or any(p.role.startswith(("rename", "copy")) for p in e.paths)
                    for e in parsed.entries):
             raise ConfigError(f"patch {patch.name} is empty: it changes no file", where=str(patch.path),
                               hint=f"remove {patch.path} from the series (or fill it), then run `dcaforge apply` again")
-        confine.check_patch_text(confine.PatchRef(patch.name, patch.path), parsed, confine_hint(patch, resume=False))
         key = hashlib.sha256(parsed.body).hexdigest()
         if key in seen:
             first = seen[key]
