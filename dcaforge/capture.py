@@ -54,11 +54,11 @@ def worktree_tree(room: Path) -> str:
 
 
 def tree_diff(repo: Path, old_tree: str, new_tree: str) -> bytes:
-    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree).stdout_bytes
+    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree, "--").stdout_bytes
 
 
 def changed_paths(repo: Path, old_tree: str, new_tree: str) -> list[str]:
-    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree).stdout
+    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree, "--").stdout
     return [p for p in out.split("\0") if p]
 
 

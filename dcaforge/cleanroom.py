@@ -204,7 +204,7 @@ class Room:
         if not self.is_ours():
             raise SafetyError(f"refusing to reset {self.path}: it has no dcaforge marker",
                               where=str(self.path))
-        git(self.path, "reset", "-q", "--hard", rev)
+        git(self.path, "reset", "-q", "--hard", rev, "--")
         git(self.path, "clean", "-q", "-ffdx" if everything else "-fd")
 
     def head(self) -> str:

@@ -383,7 +383,7 @@ def commit_message(patch: Patch, note: str = "") -> str:
 
 def applied_names(room: Path) -> list[str]:
     """Names of the patches committed on top of the start tag, in order."""
-    out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD")
+    out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD", "--")
     names = []
     for body in out.split("\0"):
         m = re.search(rf"^{TRAILER}: (.+)$", body, re.MULTILINE)
@@ -520,7 +520,7 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
             raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
                               hint=f"git ls-remote {base.clone_url}")
         step(f"checking out {commit[:12]}")
-        git(tmp, "checkout", "-q", "--detach", commit)
+        git(tmp, "checkout", "-q", "--detach", commit, "--")
         if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
             result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
                                 "(a branch or tag can move)")

@@ -66,7 +66,7 @@ REFUSED: list[tuple[str, Callable[[Arena], str], str]] = [
     ("gnu-dotgit-zero-width", lambda a: gnu_config(".g\u200cit/config", a.payload), "is under .git/"),
     ("gnu-ntfs-short-name", lambda a: gnu_new("GIT~1/hooks/x", a.payload), "is under .git/"),
     ("gnu-dotdot-new", lambda a: gnu_new("../outside.txt"), "leaves the tree"),
-    ("gnu-dotdot-canary", lambda a: f"--- a/../../canary/secret.txt\n+++ b/../../canary/secret.txt\n@@ -1 +1 @@\n"
+    ("gnu-dotdot-canary", lambda a: "--- a/../../canary/secret.txt\n+++ b/../../canary/secret.txt\n@@ -1 +1 @@\n"
                                     "-the user's secret\n+stolen\n", "leaves the tree"),
     ("git-dotdot", lambda a: git_new("../../canary/new.txt"), "leaves the tree"),
     ("gnu-middle-dotdot", lambda a: gnu_new("src/../../x.txt"), "leaves the tree"),
@@ -232,3 +232,16 @@ def test_well_formed_patches_apply(arena: Arena, name: str, patch: str, made: st
     # and the feature captures and round-trips on top of it
     arena.run("capture", code=0, changed=[arena.patches / "0078-dca.patch"])
     arena.run("verify", code=0)
+
+
+def test_files_named_like_revisions_do_not_confuse_dcaforge(arena: Arena) -> None:
+    """Found by the fuzzer: a series that adds files named HEAD (or like dcaforge's tags) made
+    `git reset --hard HEAD` ambiguous; every revision dcaforge passes is now ended by `--`."""
+    arena.patch("0001-names.patch", gnu_new("HEAD") + gnu_new("dcaforge/start") + gnu_new("dcaforge/baseline"))
+    arena.patch("0002-misfit.patch", llama_edit(old="int line_005 = 500;"))
+    arena.run("apply", code=3, what="0002-misfit.patch does not apply", next="dcaforge apply --continue")
+    arena.patch("0002-misfit.patch", llama_edit())
+    arena.run("apply", "--continue", code=0)
+    assert (arena.room / "HEAD").read_text() == "x\n"
+    arena.run("capture", code=0, changed=[arena.patches / "0078-dca.patch"])
+    arena.run("verify", "--fresh-render", code=0)
