@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import REPO_ROOT
+from .confine import path_problem
 from .errors import ConfigError
 from .yamlio import Reader, load_yaml
 
@@ -225,8 +226,11 @@ def _rel_path(value: str, base: Path) -> Path:
 
 def _clean_relpath(r: Reader, key: str, value: str) -> str:
     p = Path(value)
-    if p.is_absolute() or ".." in p.parts:
-        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the tree, got {value!r}")
+    problem = path_problem(value) if value.strip() not in ("", ".") else None
+    if p.is_absolute() or ".." in p.parts or problem:
+        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the tree, got {value!r}"
+                      + (f", which {problem}" if problem else ""),
+                      hint="a folder of the tree relative to its root, e.g. llama.cpp (or . for the whole tree)")
     norm = p.as_posix()
     return "." if norm in ("", ".") else norm
 

@@ -56,6 +56,11 @@ class MismatchError(DcaforgeError):
 class ConfigError(DcaforgeError):
     """dcaforge.yaml or a manifest is malformed: names the key, the file and the line."""
 
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None,
+                 details: str | None = None) -> None:
+        super().__init__(message, where=where, details=details,
+                         hint=hint or "fix that in the file and line named by where:, then run the command again")
+
 
 class CommandError(DcaforgeError):
     """An external command (git, patch, pip, a bootstrap step) failed."""

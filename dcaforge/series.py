@@ -513,7 +513,7 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
         clone = ["clone", "-q", "--no-checkout"]
         if base.checkout is not None:
             clone.append("--no-hardlinks")  # never share inodes with the user's repository
-        git(room.workspace, *clone, base.clone_url, str(tmp),
+        git(room.workspace, *clone, "--", base.clone_url, str(tmp),
             hint="check source.git / source.ref in the config")
         commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
         if commit is None:
