@@ -172,7 +172,12 @@ def render(
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
         if not res.ok:
-            err.print("some anchors do not fit", style="red")
+            bad = sum(1 for e in res.edits if not e.fits)
+            err.print(f"[bold red]error:[/] {bad} of {len(res.edits)} edits do not fit {escape(res.tree)}", markup=True)
+            err.print(f"  [dim]where:[/] {escape(str(cfg.feature.templates / 'manifest.yaml'))} (the edits listed above)",
+                      markup=True)
+            err.print("  [bold]next:[/] adjust those anchors or add 'alternatives:' (the closest lines are shown above), "
+                      "or guard the edits with 'when_exists:' or 'when:'; then check again", markup=True)
             raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))

@@ -362,7 +362,8 @@ class TreeFacts:
         return "tree (has(path), contains(path, text))"
 
 
-CONTEXT_HINT = "the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), tree.contains(path, text))"
+CONTEXT_HINT = ("fix the template there (templates see: vars, marker, marker_comment, feature, llama_cpp_dir, tree "
+                "(tree.has(path), tree.contains(path, text)), in a sandbox), then run the command again")
 
 
 def _prefix(cfg: Config) -> str:
