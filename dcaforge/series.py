@@ -646,7 +646,10 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
     except InterruptedRun:
         raise
     except KeyboardInterrupt:
-        raise InterruptedRun(f"interrupted while {stage[0]}", where=str(cfg.room),
+        what = {"preparing": "preparing the source", "creating": "making the clean room",
+                "resetting": "resetting the clean room", "applying": "applying the series",
+                "rendering": "rendering the feature"}[stage[0]]
+        raise InterruptedRun(f"stopped while {what}", where=str(cfg.room),
                              hint=_NEXT_AFTER_INTERRUPT[stage[0]]) from None
 
 
