@@ -261,7 +261,8 @@ def status(
         ("base", res.base_commit or "-"), ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
                                       + (" (series changed since apply)" if res.series_changed else "")),
         ("baseline", res.baseline or "-"),
-        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")),
+        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")
+         + (f" (the last render stopped: {res.render_error})" if res.render_error else "")),
         ("hand edits", ", ".join(res.dirty) or "none"),
         ("patch", f"{res.patch} ({res.patch_state})"),
     ]

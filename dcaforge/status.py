@@ -32,6 +32,7 @@ class StatusResult:
     baseline: str | None = None
     rendered: bool = False
     templates_changed: bool = False
+    render_error: str | None = None  # the last render stopped (capture refuses the room)
     dirty: list[str] = field(default_factory=list)  # hand edits beyond the last render
     source_uncommitted: list[str] = field(default_factory=list)
     source_submodules_wip: list[str] = field(default_factory=list)  # submodules of the source with uncommitted files
@@ -68,6 +69,7 @@ def status(cfg: Config) -> StatusResult:
     res.series_applied = len(applied_names(room.path))
     res.baseline = state.get("baseline")
     res.rendered = bool(state.get("rendered"))
+    res.render_error = state.get("render_error")
     if res.rendered and (cfg.feature.templates / "manifest.yaml").is_file():
         res.templates_changed = state.get("templates_digest") != manifest_digest(cfg.feature.templates)
     res.dirty = hand_edited_files(room, state)
@@ -79,5 +81,7 @@ def status(cfg: Config) -> StatusResult:
         except DcaforgeError:
             res.patch_state = "unknown"
         else:
-            res.patch_state = "fresh" if current == cfg.feature_patch.read_bytes() else "stale"
+            same = current == cfg.feature_patch.read_bytes()
+            # the room's diff is only the feature while the templates still render to it
+            res.patch_state = "fresh" if same and not res.templates_changed and not res.render_error else "stale"
     return res
