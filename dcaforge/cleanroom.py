@@ -306,8 +306,11 @@ def locked(room: Room) -> Iterator[None]:
     ``flock`` on ``<workspace>/<name>.lock``, so the kernel releases it when the holder dies, however
     it dies, and two runs can never both take it; the file records the holder (pid, host, start).
     Taking it runs :meth:`Room.recover`, and clears leftovers of an interrupted creation or deletion."""
-    room.workspace.mkdir(parents=True, exist_ok=True)
     path = room.lock_file
+    try:
+        room.workspace.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, room.workspace, "the clean-room workspace") from None
     key = str(path)
     if key in _HELD:
         fd, depth = _HELD[key]
@@ -318,7 +321,10 @@ def locked(room: Room) -> Iterator[None]:
             _HELD[key] = (fd, _HELD[key][1] - 1)
         return
     for _attempt in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise os_error(exc, path, "the clean room's lock") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

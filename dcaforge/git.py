@@ -268,7 +268,8 @@ def read_config(path: Path) -> list[tuple[str, str]] | None:
     there is no such file, None when git cannot read it (then no git call there would work)."""
     if not path.is_file():
         return []
-    res = run(["git", "config", "-f", str(path), "--no-includes", "--list", "-z"], path.parent, check=False)
+    # from / : git would read the config of a repository around the working folder, the broken one included
+    res = run(["git", "config", "-f", str(path), "--no-includes", "--list", "-z"], Path("/"), check=False)
     if not res.ok:
         return None
     entries = []
@@ -337,7 +338,8 @@ def repair_repo_config(gitdir: Path) -> list[str]:
     tmp.write_bytes(b"")
     try:
         for key, value in entries:
-            run(["git", "config", "-f", str(tmp), "--add", key, value], gitdir, what="git config (repairing the clean room)")
+            run(["git", "config", "-f", str(tmp), "--add", key, value], Path("/"), what="git config (repairing the clean room)",
+                hint="`dcaforge apply --fresh` makes the clean room again")
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

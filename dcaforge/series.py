@@ -677,7 +677,12 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                                 + (" (--include-wip copies them)" if not include_wip else ""))
     with locked(room):
         if room.exists() and room.is_ours():
-            state = room.load_state()
+            try:
+                state = room.load_state()
+            except DcaforgeError:
+                if not fresh:
+                    raise
+                state = {}  # --fresh makes it again
             if state.get("phase") == "resetting":
                 stage[0] = "resetting"
                 _reset_to_start(room, state)
