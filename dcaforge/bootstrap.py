@@ -94,7 +94,8 @@ def init_submodules(room: Path, paths: list[str], checkout: Path | None, report:
                           hint="declared: " + ", ".join(p for _n, p in declared))
     if not chosen:
         return
-    git(room, "submodule", "init", "--", *[p for _n, p in chosen])
+    git(room, "submodule", "init", "--", *[p for _n, p in chosen],
+        hint="check the submodules' entries (url, update) in the source's .gitmodules; the clean room was not created")
     for name, path in chosen:
         commit = _gitlink(room, path)
         if checkout is None or commit is None:

@@ -446,7 +446,7 @@ def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
     skipped_subs: set[str] = set()
     for rel in info.uncommitted:
         sub = next((s for s in info.submodules_wip if rel.startswith(s + "/")), None)
-        if sub is not None and not (room / sub).is_dir():
+        if sub is not None and (not (room / sub).is_dir() or not any((room / sub).iterdir())):
             skipped_subs.add(sub)
             continue
         src = info.toplevel / rel

@@ -161,8 +161,11 @@ def prepare_git(src: GitSource) -> BaseSource:
                               hint="point source.git at a git checkout or a URL")
         checkout = inspect_checkout(local)
         if checkout is None:
-            raise ConfigError(f"source path is not a git checkout: {src.url}", where="source.git",
-                              hint=f"git -C {src.url} status")
+            bare = (local / "HEAD").is_file() and (local / "objects").is_dir()
+            raise ConfigError(f"source path is not a git checkout: {src.url}" + (" (a bare repository)" if bare else ""),
+                              where="source.git",
+                              hint=f"to clone a bare repository, write it as a URL: `git: {local.as_uri()}`" if bare
+                              else f"point source.git at a checkout (see `git -C {src.url} status`) or a URL")
     return BaseSource(clone_url=src.url, ref=src.ref, description=src.describe(), checkout=checkout,
                       submodules=src.submodules)
 
