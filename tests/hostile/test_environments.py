@@ -322,3 +322,54 @@ def test_linked_worktree_of_the_room_keeps_the_guard(arena: Arena) -> None:
     with pytest.raises(SafetyError, match="core.fsmonitor"):
         git(wt, "status")
     assert not arena.ran.exists()
+
+
+RACER = r'''
+import os, sys, time
+from pathlib import Path
+from dcaforge.cleanroom import Room, locked
+from dcaforge.errors import LockedError
+room = Room(Path(sys.argv[1]), Path(sys.argv[2]))
+log = sys.argv[3]
+while time.time() < float(sys.argv[4]):
+    pass  # all start together
+try:
+    with locked(room):
+        with open(log, "a") as fh:
+            fh.write(f"{time.monotonic():.6f} in {os.getpid()}\n")
+        time.sleep(0.15)
+        with open(log, "a") as fh:
+            fh.write(f"{time.monotonic():.6f} out {os.getpid()}\n")
+except LockedError:
+    sys.exit(3)
+'''
+
+
+def test_two_runs_never_hold_one_room_together(arena: Arena) -> None:
+    """Issue 12, point 7: two runs could both take over a stale lock. Eight racers start together on a
+    room whose lock file names a dead run: the holds never overlap, every other racer is refused."""
+    import time
+
+    arena.workspace.mkdir()
+    (arena.workspace / "room.lock").write_text('{"pid": 999999999, "host": "gone"}\n')  # a dead run's
+    log = arena.tmp / "holds.log"
+    start = time.time() + 1.5
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(arena.room), str(arena.workspace), str(log), str(start)],
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}) for _ in range(8)]
+    codes = [p.wait(timeout=60) for p in procs]
+    events = [ln.split() for ln in log.read_text().splitlines()]
+    assert codes.count(0) >= 1 and set(codes) <= {0, 3}, codes
+    depth = 0
+    for _t, what, _pid in sorted(events, key=lambda e: float(e[0])):
+        depth += 1 if what == "in" else -1
+        assert depth <= 1, events
+    assert len(events) == 2 * codes.count(0)
+    assert not (arena.workspace / "room.lock").exists()
+
+
+@pytest.mark.parametrize(("args", "code"), [(["apply", "--no-such-option"], 2), (["capture", "extra-argument"], 2),
+                                            (["no-such-command"], 2), (["verify"], 1)])
+def test_exit_codes_usage_is_2_error_is_1(arena: Arena, args: list[str], code: int) -> None:
+    out = arena.cli(*args, *(["-c", str(arena.config_path)] if args[0] in ("verify",) else []))
+    assert out.code == code, out.output
+    assert not arena.ran.exists()
