@@ -22,6 +22,11 @@ BUILTIN_CONFIG = REPO_ROOT / "examples" / "upstream.yaml"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+#: A PyPI requirement dcaforge hands to pip: a name (extras allowed) and version specifiers, never
+#: a URL, a file or an option.
+_REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._,-]+\])?"
+                             r"(?:\s*(?:===|==|~=|!=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)?"
+                             r"(?:\s*,\s*(?:===|==|~=|!=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)*$")
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,10 @@ def parse_config(path: Path) -> Config:
     else:
         src.check_keys({"pypi", "subdir"})
         req = src.get("pypi", str, required=True)
+        if not _REQUIREMENT_RE.match(req):
+            raise src.error("pypi", f"'source.pypi' must be a package name with a version, like "
+                                    f"llama-cpp-python==0.3.36, got {req!r}",
+                            hint="a name and '==VERSION' (no URL, no pip option): the sdist is downloaded once and kept")
         subdir = _clean_relpath(src, "subdir", src.get("subdir", str, default="."))
         source = PypiSource(requirement=req, subdir=subdir)
 

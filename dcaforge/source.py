@@ -69,7 +69,7 @@ def download_sdist(requirement: str, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
     try:
         run([sys.executable, "-m", "pip", "download", "--no-deps",
-             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), requirement],
+             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), "--", requirement],
             dest, what=f"pip download {requirement}",
             hint="check the requirement and your network or pip index; the sdist is cached after one success")
         got = sorted(p for p in tmp.iterdir() if p.name.endswith((".tar.gz", ".zip", ".tgz")))

@@ -252,3 +252,11 @@ def test_bookkeeping_row_is_sandboxed_and_status_does_not_render_it(arena: Arena
     arena.applied()
     arena.run("capture", code=1, what="template error", where=str(arena.config_path))
     assert not (arena.patches / "0078-dca.patch").exists()
+
+
+@pytest.mark.parametrize("req", ["--index-url=http://127.0.0.1:9/simple x", "-r /etc/passwd", "x @ file:///tmp/x.tgz",
+                                 "x==1; os_name == 'posix'"])
+def test_pypi_requirement_cannot_carry_pip_options_or_urls(arena: Arena, req: str) -> None:
+    arena.write_config(source=f"pypi: \"{req}\"\nsubdir: .")
+    arena.run("apply", code=1, what="'source.pypi' must be a package name with a version", next="no pip option")
+    assert not (arena.tmp / "cache").exists()
