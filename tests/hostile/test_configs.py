@@ -257,6 +257,8 @@ def test_bookkeeping_row_is_sandboxed_and_status_does_not_render_it(arena: Arena
 @pytest.mark.parametrize("req", ["--index-url=http://127.0.0.1:9/simple x", "-r /etc/passwd", "x @ file:///tmp/x.tgz",
                                  "x==1; os_name == 'posix'"])
 def test_pypi_requirement_cannot_carry_pip_options_or_urls(arena: Arena, req: str) -> None:
-    arena.write_config(source=f"pypi: \"{req}\"\nsubdir: .")
+    text = arena.config_path.read_text()
+    start, end = text.index("source:\n"), text.index("llama_cpp_dir:")
+    arena.config_path.write_text(text[:start] + f"source:\n  pypi: \"{req}\"\n  subdir: .\n" + text[end:])
     arena.run("apply", code=1, what="'source.pypi' must be a package name with a version", next="no pip option")
     assert not (arena.tmp / "cache").exists()
