@@ -197,3 +197,11 @@ def test_capture_twice_does_not_rewrite(arena: Arena) -> None:
     _captured(arena)
     out = arena.run("capture", code=0)
     assert "unchanged" in out.output
+
+
+@pytest.mark.parametrize("gnu", [False, True])
+def test_verify_of_a_hostile_patch_file(arena: Arena, gnu: bool) -> None:
+    _captured(arena)
+    hostile = arena.work / "hostile.patch"
+    hostile.write_text("--- a/../../canary/keep.txt\n+++ b/../../canary/keep.txt\n@@ -1 +1 @@\n-keep me\n+gone\n")
+    arena.run("verify", str(hostile), *(["--gnu"] if gnu else []), code=1, what="leaves the tree", where="hostile.patch:1")
