@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import jinja2
+from jinja2.sandbox import SecurityError
 
 from . import confine, sandbox
 from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
@@ -335,7 +336,7 @@ class TreeFacts:
     def _check(path: Any) -> None:
         problem = confine.path_problem(path) if isinstance(path, str) else "is not a string"
         if problem:
-            raise jinja2.sandbox.SecurityError(f"tree: the path {path!r} {problem}")
+            raise SecurityError(f"tree: the path {path!r} {problem}")
 
     def has(self, path: str) -> bool:
         """The file or folder exists."""

@@ -37,13 +37,12 @@ def _size(value: Any) -> int:
 class _ConfinedLoader(jinja2.FileSystemLoader):
     """Templates (and their includes) only from files whose real path is inside the folder."""
 
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str | None, Callable[[], bool] | None]:
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Callable[[], bool]]:
         source, filename, uptodate = super().get_source(environment, template)
-        if filename is not None:
-            real = os.path.realpath(filename)
-            roots = [os.path.realpath(p) for p in self.searchpath]
-            if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-                raise SecurityError(f"template {template!r} resolves to {real}, outside the feature folder")
+        real = os.path.realpath(filename)
+        roots = [os.path.realpath(p) for p in self.searchpath]
+        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+            raise SecurityError(f"template {template!r} resolves to {real}, outside the feature folder")
         return source, filename, uptodate
 
 

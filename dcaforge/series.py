@@ -87,9 +87,9 @@ def discover(cfg: Config) -> list[Patch]:
         try:
             text = sfile.read_bytes().decode("utf-8")
         except UnicodeDecodeError as exc:
-            line = sfile.read_bytes()[:exc.start].count(b"\n") + 1
+            bad_line = sfile.read_bytes()[:exc.start].count(b"\n") + 1
             raise ConfigError(f"the series file is not UTF-8 text (byte {exc.object[exc.start]:#04x})",
-                              where=f"{sfile}:{line}", hint="save it as UTF-8: one patch file name per line") from None
+                              where=f"{sfile}:{bad_line}", hint="save it as UTF-8: one patch file name per line") from None
         for lineno, raw in enumerate(text.splitlines(), 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
