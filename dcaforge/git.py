@@ -72,8 +72,20 @@ PATCH_ENV_DROP = ("POSIXLY_CORRECT", "PATCH_GET", "PATCH_VERSION_CONTROL", "VERS
 #: core.worktree, url rewrites, extensions that read more files...) is refused or removed.
 _ALLOWED_CONFIG = re.compile(
     r"^(?:core\.(?:repositoryformatversion|filemode|bare|logallrefupdates|symlinks|ignorecase|precomposeunicode)"
-    r"|remote\..+\.(?:url|fetch|pushurl)|branch\..+\.(?:remote|merge)|submodule\..+\.(?:url|active)"
+    r"|remote\..+\.(?:url|fetch|pushurl)|branch\..+\.(?:remote|merge)"
+    r"|submodule\..+\.(?:url|active|branch|ignore|fetchrecursesubmodules|shallow|update)"
     r"|user\.(?:name|email)|extensions\.objectformat)$")
+#: ``submodule.X.update`` names a command when it starts with ``!``: only git's own modes pass.
+_SUBMODULE_UPDATE = re.compile(r"^submodule\..+\.update$")
+_UPDATE_MODES = frozenset({"checkout", "rebase", "merge", "none"})
+
+
+def _allowed(key: str, value: str) -> bool:
+    if not _ALLOWED_CONFIG.match(key):
+        return False
+    return not _SUBMODULE_UPDATE.match(key) or value.strip() in _UPDATE_MODES
+
+
 #: A submodule's own git dir also records where its work tree is.
 _ALLOWED_MODULE_CONFIG = re.compile(r"^core\.worktree$")
 
@@ -287,8 +299,8 @@ def config_problems(path: Path, *, module: bool = False) -> list[str]:
     if entries is None:
         return [f"(a line dcaforge cannot read in {path.name})"]
     bad = []
-    for key, _value in entries:
-        if _ALLOWED_CONFIG.match(key) or (module and _ALLOWED_MODULE_CONFIG.match(key)):
+    for key, value in entries:
+        if _allowed(key, value) or (module and _ALLOWED_MODULE_CONFIG.match(key)):
             continue
         bad.append(key)
     return sorted(set(bad))
@@ -330,8 +342,8 @@ def repair_repo_config(gitdir: Path) -> list[str]:
         entries = [("core.repositoryformatversion", "0"), ("core.filemode", "true"), ("core.bare", "false"),
                    ("core.logallrefupdates", "true")]
     else:
-        bad = sorted({k for k, _v in entries if not _ALLOWED_CONFIG.match(k)})
-        entries = [(k, v) for k, v in entries if _ALLOWED_CONFIG.match(k)]
+        bad = sorted({k for k, v in entries if not _allowed(k, v)})
+        entries = [(k, v) for k, v in entries if _allowed(k, v)]
     if not bad:
         return []
     tmp = gitdir / "config.dcaforge-repair"

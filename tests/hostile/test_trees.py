@@ -141,3 +141,15 @@ def test_attributes_in_the_tree_name_undefined_drivers(arena: Arena) -> None:
     arena.run("apply", code=0)
     arena.run("capture", code=0, changed=[arena.patches / "0078-dca.patch"])
     arena.run("verify", "--fresh-render", "--gnu", code=0)
+
+
+def test_gitmodules_with_a_plain_update_mode(arena: Arena) -> None:
+    """`update = rebase` is git's own mode (copied into the room's config by `git submodule init`): allowed."""
+    sub = _with_submodule(arena)
+    ugit(arena.source, "config", "-f", ".gitmodules", f"submodule.{sub}.update", "rebase")
+    ugit(arena.source, "config", "-f", ".gitmodules", f"submodule.{sub}.branch", "main")
+    ugit(arena.source, "commit", "-q", "-am", "update mode")
+    arena.before = snapshot(arena.source)
+    arena.write_config(source=f"git: {arena.source}\nref: main\nsubmodules: true")
+    arena.run("apply", code=0)
+    assert (arena.room / sub / "lib.c").is_file()
