@@ -668,7 +668,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
     patches = discover(cfg)  # check first: the series is readable, and names nothing outside the tree
     check_series(patches)
     room = Room.of(cfg)
-    base = prepare(cfg)
+    base = prepare(cfg, trust)
     result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
     if base.checkout is not None:
         result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)

@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +61,16 @@ def import_message(src: PypiSource) -> str:
     return f"dcaforge: import {src.requirement} ({src.subdir})\n"
 
 
-def download_sdist(requirement: str, dest: Path) -> Path:
-    """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there)."""
+def download_sdist(requirement: str, dest: Path, may_run: Callable[[str], None] | None = None) -> Path:
+    """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there).
+
+    pip prepares an sdist's metadata by running its build backend (the package's own code), so a
+    download is a command: ``may_run(requirement)`` raises when the config is not trusted."""
     found = sorted(p for p in dest.glob("*") if p.name.endswith((".tar.gz", ".zip", ".tgz")))
     if found:
         return found[0]
+    if may_run is not None:
+        may_run(requirement)
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
     try:
@@ -109,22 +115,23 @@ def _drop_nested_git(tree: Path) -> None:
             dirnames.remove(".git")
 
 
-def prepare_pypi(src: PypiSource) -> BaseSource:
-    """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository."""
+def prepare_pypi(src: PypiSource, may_run: Callable[[str], None] | None = None) -> BaseSource:
+    """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository
+    (``may_run``: see :func:`download_sdist`)."""
     root = cache_root()
     key = _key(src)
     bare = root / "bases" / f"{key}.git"
     bare.parent.mkdir(parents=True, exist_ok=True)
     with open(bare.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs importing the same sdist take turns
-        return _prepare_pypi_locked(src, root, bare)
+        return _prepare_pypi_locked(src, root, bare, may_run)
 
 
-def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path) -> BaseSource:
+def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Callable[[str], None] | None) -> BaseSource:
     if (bare / "dcaforge-import-done").is_file():
         commit = (bare / "dcaforge-import-done").read_text().strip()
         return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
-    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement))
+    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement), may_run)
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="import-", dir=root / "tmp"))
     try:
@@ -170,8 +177,15 @@ def prepare_git(src: GitSource) -> BaseSource:
                       submodules=src.submodules)
 
 
-def prepare(cfg: Config) -> BaseSource:
-    base = prepare_pypi(cfg.source) if isinstance(cfg.source, PypiSource) else prepare_git(cfg.source)
+def prepare(cfg: Config, trust: bool = False) -> BaseSource:
+    """The source to clone from; a PyPI sdist that is not in the cache yet is downloaded only for a
+    trusted config (``trust``: --trust; see :mod:`dcaforge.trust`)."""
+    if isinstance(cfg.source, PypiSource):
+        from . import trust as consent
+
+        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req))
+    else:
+        base = prepare_git(cfg.source)
     check_workspace(cfg, base)
     return base
 

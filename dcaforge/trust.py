@@ -1,7 +1,8 @@
 """Consent: commands a config declares run only from a config the user trusts.
 
-A config's ``bootstrap:`` shell and argv steps are commands by design, and a config is often
-someone else's (a colleague's, another repository's). Like copier's ``--trust``, dcaforge runs them
+A config's ``bootstrap:`` shell and argv steps are commands by design (and so is downloading a
+``source.pypi`` sdist that is not cached yet: pip runs the package's build backend to read its
+metadata), and a config is often someone else's (a colleague's, another repository's). Like copier's ``--trust``, dcaforge runs them
 only when the user says so: ``dcaforge apply --trust``, or the config is listed in the user's
 settings file (:func:`settings_path`, e.g. ``~/.config/dcaforge/settings.yaml``)::
 
@@ -112,3 +113,30 @@ def require(cfg: Config, flag: bool) -> Trust | None:
         where=f"{cfg.describe()} (bootstrap:)", details=shown,
         hint=f"read them; if you trust them, run `dcaforge apply --trust -c {cfg.describe()}`, or add the config (or its "
              f"folder, ending with /) to 'trusted:' in {settings_path()}")
+
+
+def require_download(cfg: Config, flag: bool, requirement: str) -> None:
+    """pip prepares a downloaded sdist's metadata by running the package's build backend: that is a
+    command too, run only for a trusted config, or for the requirement the built-in default names."""
+    if trust_of(cfg, flag).trusted or requirement == _builtin_requirement():
+        return
+    from .source import _slug, cache_root
+
+    raise TrustError(
+        f"{cfg.describe()} asks for the sdist {requirement}, which is not in dcaforge's cache; downloading it runs "
+        "its build backend (pip prepares an sdist's metadata with the package's own code), and dcaforge runs a "
+        "config's commands only when you trust it; nothing was downloaded or made",
+        where=f"{cfg.describe()} (source.pypi)",
+        hint=f"if you trust the package, run `dcaforge apply --trust -c {cfg.describe()}` (or list the config in "
+             f"{settings_path()}), or put its sdist into {cache_root() / 'sdists' / _slug(requirement)} yourself")
+
+
+def _builtin_requirement() -> str | None:
+    """The sdist dcaforge's own default names (trusted wherever a config names it too)."""
+    from .config import PypiSource, parse_config
+
+    try:
+        src = parse_config(BUILTIN_CONFIG).source
+    except DcaforgeError:
+        return None
+    return src.requirement if isinstance(src, PypiSource) else None
