@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, load_config
-from .errors import EXIT_MISMATCH, DcaforgeError
+from .errors import EXIT_INTERRUPTED, EXIT_MISMATCH, DcaforgeError, InterruptedRun
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -32,6 +33,10 @@ T = TypeVar("T")
 def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
     try:
         return fn()
+    except InterruptedRun as exc:
+        err.print(f"[bold yellow]interrupted:[/] {escape(str(exc.message))}", markup=True)
+        err.print(f"  [bold]next:[/] {escape(str(exc.hint))}", markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except DcaforgeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc.message))}", markup=True)
         if exc.where:
@@ -43,13 +48,24 @@ def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         err.print(f"  [bold]next:[/] {escape(str(hint))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("[bold yellow]interrupted[/]: " + (interrupted or "the clean room is at the last completed step; "
-                  "`dcaforge apply --continue` resumes"), markup=True)
-        raise typer.Exit(130) from None
+        err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
+                  "command again"), markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _config(path: Path | None) -> Config:
     return _call(lambda: load_config(path))
+
+
+class _Warnings(logging.Handler):
+    """dcaforge's warnings (what it repaired or removed after an interrupted run) on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {escape(record.getMessage())}", markup=True)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
 @app.callback()
@@ -58,8 +74,15 @@ def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log eve
     if version:
         out.print(f"dcaforge {__version__}")
         raise typer.Exit(0)
+    logger = logging.getLogger("dcaforge")
+    for h in [h for h in logger.handlers if isinstance(h, _Warnings)]:
+        logger.removeHandler(h)
+    handler = _Warnings(level=logging.WARNING)
+    logger.addHandler(handler)
     if verbose:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 @app.command()
@@ -69,6 +92,8 @@ def apply(
     cont: Annotated[bool, typer.Option("--continue", help="resume after a failed or interrupted apply")] = False,
     include_wip: Annotated[bool, typer.Option("--include-wip", help="copy the source checkout's uncommitted files into the new clean room")] = False,
     no_render: Annotated[bool, typer.Option("--no-render", help="stop at the baseline")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="run the config's bootstrap commands (shown before they run); "
+                                        "without it they run only from a config listed in the settings file")] = False,
 ) -> None:
     """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
     from .series import ApplyHooks, Patch
@@ -84,7 +109,7 @@ def apply(
         err.print(f"  {s}", markup=False)
 
     res = _call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
-                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step)))
+                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust))
     out.print(f"clean room: {res.room}")
     out.print(f"source:     {res.source}")
     out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"
@@ -135,11 +160,18 @@ def render(
             out.print(f"file {dest}: {what}")
         if res.wiring is not None:
             _print_wiring(res.wiring)
-        if not res.anchors_ok:
-            err.print("some anchors do not fit", style="red")
-        if res.wiring is not None and not res.wiring.ok:
-            err.print("the build leaves out files the feature adds", style="red")
         if not res.ok:
+            where = escape(str(cfg.feature.templates / 'manifest.yaml'))
+            if not res.anchors_ok:
+                bad = sum(1 for e in res.edits if not e.fits)
+                err.print(f"[bold red]error:[/] {bad} of {len(res.edits)} edits do not fit {escape(res.tree)}", markup=True)
+                err.print(f"  [dim]where:[/] {where} (the edits listed above)", markup=True)
+                err.print("  [bold]next:[/] adjust those anchors or add 'alternatives:' (the closest lines are shown above), "
+                          "or guard the edits with 'when_exists:' or 'when:'; then check again", markup=True)
+            if res.wiring is not None and not res.wiring.ok:
+                err.print("[bold red]error:[/] the build leaves out files the feature adds (listed above)", markup=True)
+                err.print("  [bold]next:[/] add each file to the list named above (or render the feature's wiring edits); "
+                          "then check again", markup=True)
             raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
@@ -279,7 +311,8 @@ def status(
         ("base", res.base_commit or "-"), ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
                                       + (" (series changed since apply)" if res.series_changed else "")),
         ("baseline", res.baseline or "-"),
-        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")),
+        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")
+         + (f" (the last render stopped: {res.render_error})" if res.render_error else "")),
         ("hand edits", ", ".join(res.dirty) or "none"),
         ("patch", f"{res.patch} ({res.patch_state})"),
     ]
@@ -287,6 +320,12 @@ def status(
         rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
     if res.source_uncommitted:
         rows.append(("source wip", ", ".join(res.source_uncommitted)))
+    if res.source_submodules_wip:
+        rows.append(("submodule wip", ", ".join(res.source_submodules_wip) + " (uncommitted files inside; "
+                     "--include-wip copies them)"))
+    if res.unsafe_config:
+        rows.append(("room config", "UNSAFE: .git/config sets " + ", ".join(res.unsafe_config)
+                     + " (could run commands); `dcaforge apply` removes them"))
     for k, v in rows:
         out.print(f"{k:<11} {v}", markup=False)
 
@@ -430,6 +469,8 @@ def gate(
 
 
 def main() -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     app()
 
 

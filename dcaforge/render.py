@@ -24,7 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import jinja2
+from jinja2.sandbox import SecurityError
 
+from . import confine, sandbox
 from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
@@ -103,8 +105,10 @@ def _mode(r: Reader, value: Any) -> int | None:
 
 def _relpath(r: Reader, key: str, value: str) -> str:
     p = PurePosixPath(value)
-    if p.is_absolute() or ".." in p.parts or not value.strip():
-        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}")
+    problem = confine.path_problem(value)
+    if problem:
+        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}, which {problem}",
+                      hint="name a file of the tree relative to llama_cpp_dir, e.g. src/llama-dca.cpp")
     return p.as_posix()
 
 
@@ -374,7 +378,14 @@ class TreeFacts:
         self._prefix = prefix
         self._texts: dict[str, str | None] = {}
 
+    @staticmethod
+    def _check(path: Any) -> None:
+        problem = confine.path_problem(path) if isinstance(path, str) else "is not a string"
+        if problem:
+            raise SecurityError(f"tree: the path {path!r} {problem}")
+
     def _full(self, path: str, root: bool) -> str | None:
+        self._check(path)
         full = posixpath.normpath(path if root else self._prefix + path)
         return None if full.startswith("../") or full == ".." or full.startswith("/") else full
 
@@ -409,8 +420,9 @@ class TreeFacts:
         return "tree (has(path), contains(path, text), matches(path, regex); root=True: from the room's root)"
 
 
-CONTEXT_HINT = ("the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), "
-                "tree.contains(path, text), tree.matches(path, regex), each with root=True for room-relative paths)")
+CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, marker, marker_comment, feature, llama_cpp_dir, "
+                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), each with root=True for "
+                "room-relative paths)), then run the command again")
 
 
 def _prefix(cfg: Config) -> str:
@@ -429,31 +441,15 @@ def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     }
 
 
-class _FolderLoader(jinja2.FileSystemLoader):
-    """The feature folder's templates, and nothing a link inside it points to outside of it (a
-    ``text_file``, a ``files:`` template or an ``{% include %}``)."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(str(folder))
-        self.folder = folder.resolve()
-
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
-        source, filename, uptodate = super().get_source(environment, template)
-        if not Path(filename).resolve().is_relative_to(self.folder):
-            raise ConfigError(f"template {template!r} leads out of the feature folder (to {Path(filename).resolve()})",
-                              where=filename, hint="templates must live inside the feature folder: copy the file "
-                                                   "there instead of linking it")
-        return source, filename, uptodate
-
-
 def _env(folder: Path) -> jinja2.Environment:
-    return jinja2.Environment(loader=_FolderLoader(folder), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    """Jinja's ImmutableSandboxedEnvironment, bounded (see :mod:`dcaforge.sandbox`); it loads templates (and
+    includes) only from files whose real path is inside the feature folder."""
+    return sandbox.environment(folder)
 
 
 def _render_str(env: jinja2.Environment, source: str, ctx: dict[str, Any], where: str) -> str:
     try:
-        return env.from_string(source).render(ctx)
+        return sandbox.render(env.from_string(source), ctx)
     except jinja2.TemplateError as exc:
         raise ConfigError(f"template error: {exc}", where=where,
                           hint=CONTEXT_HINT) from None
@@ -482,7 +478,7 @@ def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], fo
     path = folder / template
     also = f" (the body of {used_by})" if used_by else ""
     try:
-        return env.get_template(template).render(ctx)
+        return sandbox.render(env.get_template(template), ctx)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"template syntax error: {exc.message}{also}", where=f"{path}:{exc.lineno}") from None
     except jinja2.TemplateError as exc:
@@ -496,6 +492,7 @@ def _true(env: jinja2.Environment, when: str | None, ctx: dict[str, Any], where:
     if when is None:
         return True
     try:
+        sandbox.restart_clock(env)
         return bool(env.compile_expression(when)(**ctx))
     except jinja2.TemplateError as exc:
         raise ConfigError(f"'when: {when}' failed: {exc}", where=where, hint=CONTEXT_HINT) from None
@@ -731,8 +728,17 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
                             where=str(room.path), hint="dcaforge apply --continue")
     tree = GitTree(room.path, baseline)
-    p = plan(cfg, tree, manifest)
+    try:
+        p = plan(cfg, tree, manifest)
+    except DcaforgeError as exc:
+        room.update_state(render_error=exc.message)  # capture refuses a room whose render stopped
+        raise
     state = room.load_state()
+    previous_paths = set(state.get("rendered") or {})
+    for rel in sorted(set(p.outputs) | previous_paths):  # every path checked before the first write
+        confine.resolve_in(room.path, rel, what="render target", where=f"{manifest.path} -> {room.path / rel}",
+                           hint="fix the manifest's dest/file (a path under llama_cpp_dir), or remove the symlink from "
+                                "the tree; nothing was written")
     previous: dict[str, str] = state.get("rendered") or {}
     touched = set(p.outputs) | set(previous)
     if not force:
@@ -767,7 +773,7 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         elif dest.exists() or dest.is_symlink():
             os.unlink(dest)
         result.restored.append(rel)
-    room.update_state(rendered=new_hashes, rendering=None,
+    room.update_state(rendered=new_hashes, rendering=None, render_error=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
 

@@ -35,7 +35,7 @@ def test_missing_anchor_names_manifest_edit_file_anchor_and_closest_lines(projec
     with pytest.raises(MismatchError) as exc:
         render(cfg)
     e = exc.value
-    assert e.exit_code == 2
+    assert e.exit_code == 3
     assert e.message == "edit #1 of manifest.yaml: anchor matches nowhere in src/models/gemma4.cpp"
     assert e.where == f"{project.feature / 'manifest.yaml'}:6 -> src/models/gemma4.cpp"
     assert "anchor: (?m)^(\\s*)Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors," in (e.details or "")
@@ -324,7 +324,7 @@ def test_no_alternative_fits_names_each_with_its_closest_lines(project) -> None:
     with pytest.raises(MismatchError) as exc:
         render(cfg)
     e = exc.value
-    assert e.exit_code == 2
+    assert e.exit_code == 3
     assert e.message == "edit #0 of manifest.yaml: neither the anchor nor its 1 alternatives match in src/llama.cpp"
     details = e.details or ""
     assert details.startswith("anchor: int line_0100 = 100;\nclosest lines:\n  ")

@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
     base = prepare_pypi(PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp"))
     co = make_checkout(out, base.clone_url, base.ref)
     cfg = co.config("lf")
-    p = subprocess.run([sys.executable, "-c", "from dcaforge.cli import main; main()", "apply", "-c", str(cfg)],
+    p = subprocess.run([sys.executable, "-c", "from dcaforge.cli import main; main()", "apply", "--trust", "-c", str(cfg)],
                        cwd=REPO, check=False)
     if p.returncode == 0:
         print(f"room: {out / 'cleanroom' / 'lf'}\nnext: python3 bench/gpu/llamafile_cuda_lib.py pack {out / 'cleanroom' / 'lf'}")

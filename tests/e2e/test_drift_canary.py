@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOES_NOT_FIT = 2  # the exit code of "does not fit"
+DOES_NOT_FIT = 3  # the exit code of "does not fit"
 
 
 def drift(*args: str) -> subprocess.CompletedProcess:

@@ -47,9 +47,9 @@ from tests.core.helpers import file_snapshot, ugit  # noqa: E402
 NEW = PypiSource("llama-cpp-python==0.3.36", "vendor/llama.cpp")
 OLD = PypiSource("llama-cpp-python==0.3.21", "vendor/llama.cpp")
 #: the exit code of "does not fit" (a patch, an anchor, the wiring)
-DOES_NOT_FIT = 2
+DOES_NOT_FIT = 3
 #: `dcaforge apply` for a config with bootstrap steps (add --trust here once apply asks for it)
-APPLY = ["apply"]
+APPLY = ["apply", "--trust"]
 PROGRAMS = ("o//llama.cpp/server/llama-server", "o//llamafile/llamafile")
 
 
