@@ -79,7 +79,7 @@ def test_include_through_a_symlink_out_of_the_feature_folder(arena: Arena) -> No
 def test_template_file_that_is_a_symlink_out_of_the_folder(arena: Arena) -> None:
     (arena.feature / "src" / "llama-dca.cpp.j2").unlink()
     os.symlink(arena.canary / "secret.txt", arena.feature / "src" / "llama-dca.cpp.j2")
-    arena.run("apply", code=1, what="a symlink out of the feature folder", where="manifest.yaml:2")
+    arena.run("apply", code=1, what="leads out of the feature folder", where="manifest.yaml:2")
 
 
 def test_vars_are_data_not_templates(arena: Arena) -> None:
@@ -94,7 +94,7 @@ MANIFEST_PATHS = [
     ("dest-dotgit-upper", "files:\n  - template: src/llama-dca.cpp.j2\n    dest: src/.GIT/x\n", "is under .git/"),
     ("dest-dotdot", "files:\n  - template: src/llama-dca.cpp.j2\n    dest: ../../canary/x\n", "leaves the tree"),
     ("dest-abs", "files:\n  - template: src/llama-dca.cpp.j2\n    dest: /tmp/x\n", "is an absolute path"),
-    ("template-dotdot", "files:\n  - template: ../../../canary/secret.txt\n    dest: x\n", "leaves the tree"),
+    ("template-dotdot", "files:\n  - template: ../../../canary/secret.txt\n    dest: x\n", "must be a relative path inside the feature folder"),
     ("edit-file-dotgit", "edits:\n  - file: .git/config\n    anchor: core\n    action: replace\n    text: x\n",
      "is under .git/"),
     ("edit-file-list-dotdot", "edits:\n  - file: [src/llama.cpp, ../x]\n    anchor: a\n    action: replace\n"
