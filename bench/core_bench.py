@@ -136,7 +136,7 @@ def main() -> None:
         "  templates: feature\n  marker: \"// dcaforge bench\"\n")
     cfg = parse_config(cfg_path)
     t = time.perf_counter()
-    base = prepare(cfg)
+    base = prepare(cfg, trust=True)  # our own bench config: its sdist may be downloaded
     t_prepare = time.perf_counter() - t
     shutil.rmtree(work / "patches", ignore_errors=True)
     make_series(base.clone_url, base.ref, work / "patches", args.patches)

@@ -15,6 +15,7 @@ checkout and the clean-room workspace (they are the user's records, never part o
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ from typing import Any
 
 import jinja2
 
-from .cleanroom import write_atomic
-from .config import BOOKKEEPING_CONTEXT, BookkeepingDoc, Config, GitSource
+from . import confine, sandbox
+from .cleanroom import write_all_atomic
+from .config import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc, Config, GitSource
 from .errors import ConfigError, DcaforgeError, SafetyError
 from .git import inspect_checkout, is_inside
 
@@ -54,9 +56,33 @@ class DocUpdate:
 
 # --- where the files may be ----------------------------------------------------------------
 
+def _git_dir_above(path: Path) -> Path | None:
+    """The git directory ``path`` is in (a ``.git`` folder, a bare repository, a linked worktree's
+    git dir), or None."""
+    for part in path.parts:
+        if confine.is_dotgit(part):
+            return path
+    for anc in [path, *path.parents]:
+        if (anc / "HEAD").is_file() and (anc / "objects").is_dir() and (anc / "refs").is_dir():
+            return anc
+        if (anc / "HEAD").is_file() and (anc / "commondir").is_file() and (anc / "gitdir").is_file():
+            return anc
+    return None
+
+
 def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool = True) -> None:
-    """Refuse ``path`` inside the source checkout (the user's tree is only read), inside the
-    clean room (it would end up in the next capture), or (``workspace``) anywhere in the workspace."""
+    """Refuse ``path`` inside a git directory (any repository's: git's own files), inside the source
+    checkout or its git directory (a linked worktree's common one and main worktree included: the
+    user's tree is only read), inside the clean room (it would end up in the next capture), or
+    (``workspace``) anywhere in the workspace. Symlinks are followed."""
+    hint = "keep the series and its bookkeeping in a folder of their own, outside git directories, the source " \
+           "checkout and 'cleanroom:'; then run the command again"
+    real = Path(os.path.realpath(path))
+    for candidate in (path, real):
+        gitdir = _git_dir_above(candidate)
+        if gitdir is not None:
+            raise SafetyError(f"{what} {path} is inside the git directory {gitdir} (git's own files)",
+                              where=cfg.describe(), hint=hint)
     inside = cfg.workspace if workspace else cfg.room
     if is_inside(path, inside):
         raise SafetyError(f"{what} {path} is inside the clean-room {'workspace' if workspace else 'tree'} {inside}",
@@ -64,11 +90,15 @@ def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool =
                           hint="keep it beside the series (e.g. in the series folder), outside 'cleanroom:'")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = inspect_checkout(cfg.source.local_path)
-        top = info.toplevel if info else cfg.source.local_path
-        if is_inside(path, top):
-            raise SafetyError(f"{what} {path} is inside the source checkout {top}, which dcaforge never writes",
-                              where=cfg.describe(),
-                              hint="keep the series and its bookkeeping outside the source checkout")
+        tops = [info.toplevel if info else cfg.source.local_path]
+        if info is not None:
+            tops += [d for d in (info.git_dir, info.common_dir) if d is not None]
+            if info.common_dir is not None and info.common_dir.name == ".git":
+                tops.append(info.common_dir.parent)  # the main worktree of a linked one
+        for top in tops:
+            if is_inside(path, top):
+                raise SafetyError(f"{what} {path} is inside the source checkout {top}, which dcaforge never writes",
+                                  where=cfg.describe(), hint=hint)
 
 
 # --- the template context ------------------------------------------------------------------
@@ -100,16 +130,24 @@ def context(cfg: Config, patch: Path, data: bytes, files: list[str], sha256: str
     return ctx
 
 
-def _render(doc: BookkeepingDoc, ctx: dict[str, Any], key: str) -> str:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+def _render(doc: BookkeepingDoc, ctx: dict[str, Any], key: str, marker: str) -> str:
+    """The row or entry (sandboxed Jinja), checked: one line; a table row; holding the marker."""
+    tkey = f"bookkeeping.{key}.{'row' if key == 'series_readme' else 'entry'}"
     try:
-        line = env.from_string(doc.template).render(ctx)
+        line = sandbox.render(sandbox.environment().from_string(doc.template), ctx)
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"bookkeeping.{key} template error: {exc}", where=doc.where,
+        raise ConfigError(f"{tkey} template error: {exc}", where=doc.where,
                           hint="the context has: " + ", ".join(BOOKKEEPING_CONTEXT)) from None
     line = line.strip("\r\n")
     if not line.strip() or "\n" in line:
-        raise ConfigError(f"bookkeeping.{key} must render to exactly one line, got {line!r}", where=doc.where)
+        raise ConfigError(f"'{tkey}' must render to exactly one line, got {line[:200]!r}", where=doc.where,
+                          hint=f"fix {tkey} in the config, then capture again; nothing was written")
+    if key == "series_readme" and not line.lstrip().startswith("|"):
+        raise ConfigError(f"'{tkey}' must render to a Markdown table row (starting with '|')", where=doc.where,
+                          hint=f"e.g. {DEFAULT_README_ROW!r}; nothing was written")
+    if key == "upstream_sync" and marker not in line:
+        raise ConfigError(f"'{tkey}' must contain the marker (it is how capture finds the entry again)",
+                          where=doc.where, hint="put {{ marker }} in it; nothing was written")
     return line
 
 
@@ -285,7 +323,7 @@ def plan(cfg: Config, patch: Path, data: bytes, files: list[str], sha256: str) -
             lines, eol, final = _split(raw.decode("utf-8"))
         else:
             raw, lines, eol, final = _read(doc, key)
-        line = _render(doc, ctx, key)
+        line = _render(doc, ctx, key, cfg.feature.marker)
         if key == "series_readme":
             action, lineno = _upsert_row(lines, doc, line, cfg.feature.number)
         else:
@@ -300,11 +338,18 @@ def plan(cfg: Config, patch: Path, data: bytes, files: list[str], sha256: str) -
     return out
 
 
-def write(updates: list[DocUpdate]) -> None:
+def writes(updates: list[DocUpdate]) -> list[tuple[Path, bytes, int | None]]:
+    """The files to write for ``updates`` (one per changed file, holding all of its edits)."""
+    out: list[tuple[Path, bytes, int | None]] = []
     done: set[Path] = set()
     for u in reversed(updates):  # the last update of a file holds all of its edits
         if u.path in done:
             continue
         done.add(u.path)
         if u.new != u.old:
-            write_atomic(u.path, u.new)
+            out.append((u.path, u.new, None))
+    return out
+
+
+def write(updates: list[DocUpdate]) -> None:
+    write_all_atomic(writes(updates), "the bookkeeping file")

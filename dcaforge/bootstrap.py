@@ -94,7 +94,8 @@ def init_submodules(room: Path, paths: list[str], checkout: Path | None, report:
                           hint="declared: " + ", ".join(p for _n, p in declared))
     if not chosen:
         return
-    git(room, "submodule", "init", "--", *[p for _n, p in chosen])
+    git(room, "submodule", "init", "--", *[p for _n, p in chosen],
+        hint="check the submodules' entries (url, update) in the source's .gitmodules; the clean room was not created")
     for name, path in chosen:
         commit = _gitlink(room, path)
         if checkout is None or commit is None:
@@ -129,10 +130,13 @@ def _step_hint(cfg: Config, step: BootstrapStep) -> str:
 
 def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, report: BootstrapReport,
                    on_step: Callable[[str], None], total: int) -> None:
-    from .series import _gnu_failure, _load_patch  # the series' own GNU-patch failure report
+    from . import confine
+    from .series import _gnu_failure, _load_patch, gnu_names, read_patch  # the series' own GNU-patch handling
 
     assert step.patches is not None
     folder = room / step.patches
+    confine.resolve_in(room, step.patches, what="bootstrap patches folder", where=step.where,
+                       hint="name a folder of the tree (relative to its root); the clean room was not created")
     if not folder.is_dir():
         raise ConfigError(f"bootstrap step {index}: folder {step.patches} is not in the source tree",
                           where=step.where,
@@ -144,8 +148,17 @@ def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, rep
         rel = f"{step.patches}/{path.name}"
         on_step(f"bootstrap {index}/{total}: [{k}/{len(files)}] {rel}")
         patch = _load_patch(path, rel)
+        hint = (f"the clean room was not created and the source is untouched. This patch belongs to the source (at "
+                f"{getattr(cfg.source, 'ref', '?')}): a patch may only change files of the tree; fix it in the source, "
+                "then run `dcaforge apply` again")
+        ref = confine.PatchRef(rel, path)
+        parsed = read_patch(patch, step.strip)
+        confine.check_patch_text(ref, parsed, hint)
+        confine.check_patch_tree(ref, parsed, room, hint)
         for dry in (True, False):
             res = patch_cmd(room, path, dry_run=dry, strip=step.strip)
+            if dry:
+                confine.check_tool_paths(ref, parsed, "GNU patch", gnu_names(res.stdout), hint)
             if not res.ok:
                 fail = _gnu_failure(patch, res.stdout + res.stderr)
                 raise MismatchError(

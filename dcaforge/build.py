@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
-from .errors import BuildError, DcaforgeError, SafetyError, ToolchainError
+from .errors import BuildError, DcaforgeError, MismatchError, SafetyError, ToolchainError
 from .git import git, rev_parse, run_streaming
 
 #: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
@@ -206,26 +207,48 @@ def find_nvcc() -> str:
 
 
 _COSMOCC_LINE = re.compile(r"^COSMOCC\s*[:?]?=\s*(\S+)\s*$", re.MULTILINE)
+_COSMOCC_RULE = r"(?m)^{target}:[^\n]*\n\t(build/download-cosmocc\.sh) \$@ (\S+) ([0-9a-f]{{64}})"
 
 
-def cosmocc_dir(tree: Path) -> Path:
-    """The cosmocc folder llamafile's build/config.mk names (``.cosmocc/<version>``), which must
-    already hold bin/cosmocc: dcaforge never downloads it."""
+def cosmocc_rel(tree: Path) -> str:
+    """``.cosmocc/<version>`` as llamafile's build/config.mk names it."""
     mk = tree / "build" / "config.mk"
     if not mk.is_file():
         raise DcaforgeError(f"{tree} has no build/config.mk: not a llamafile tree", where=str(mk),
                             hint="set build.backend: cmake for upstream llama.cpp")
     m = _COSMOCC_LINE.search(mk.read_text(encoding="utf-8", errors="replace"))
-    rel = m.group(1) if m else ".cosmocc"
+    return m.group(1) if m else ".cosmocc"
+
+
+def cosmocc_download_command(tree: Path, rel: str) -> str | None:
+    """The download command llamafile's own rule for ``rel`` runs (``build/download-cosmocc.sh
+    .cosmocc/4.0.2 4.0.2 <sha256>``), read from build/config.mk; None when there is no such rule."""
+    mk = tree / "build" / "config.mk"
+    text = mk.read_text(encoding="utf-8", errors="replace") if mk.is_file() else ""
+    m = re.search(_COSMOCC_RULE.format(target=re.escape(rel)), text)
+    return f"{m.group(1)} {rel} {m.group(2)} {m.group(3)}" if m else None
+
+
+def cosmocc_dir(tree: Path, would_run: Sequence[str] = ()) -> Path:
+    """The cosmocc folder llamafile's build/config.mk names (``.cosmocc/<version>``), which must
+    already hold bin/cosmocc: dcaforge never downloads it. ``would_run``: the commands the build
+    would run, for the error."""
+    rel = cosmocc_rel(tree)
     folder = tree / rel
     if not (folder / "bin" / "cosmocc").exists():
+        dl = cosmocc_download_command(tree, rel)
+        how = (f"`cd {tree} && {dl}` (llamafile's own rule for {rel} in build/config.mk; it downloads cosmocc.zip and "
+               "checks its sha256)" if dl else
+               f"`cd {tree} && build/download-cosmocc.sh {rel} <version> <sha256>` (the values are in llamafile's "
+               "build/config.mk)")
         raise ToolchainError(
-            f"cosmocc is not in the tree: {folder}/bin/cosmocc is missing (llamafile's Makefile would "
-            "download it; dcaforge does not do that behind your back)",
-            where=str(mk),
-            hint=f"fetch it yourself: `cd {tree} && build/download-cosmocc.sh {rel} <version> <sha256>` "
-                 f"(the values are in llamafile's Makefile), or unzip cosmocc.zip from https://cosmo.zip/pub/cosmocc/ "
-                 f"into {folder}; then run `dcaforge build` again")
+            f"cosmocc is not in the tree: {folder}/bin/cosmocc is missing, so llamafile's make cannot run "
+            "(its Makefile would download cosmocc; dcaforge never downloads it for you)",
+            where=str(tree / "build" / "config.mk"),
+            details="\n".join(["it would run, in " + str(tree) + ":", *("  " + c for c in would_run)]) if would_run else None,
+            hint=f"get cosmocc yourself: {how}, or unzip cosmocc.zip from https://cosmo.zip/pub/cosmocc/ into {folder}; "
+                 "then run the same `dcaforge build` again. Without cosmocc, `dcaforge build --dry-run` runs the "
+                 "Makefile in dry-run mode with a stand-in toolchain and checks that the feature is compiled and linked")
     return folder
 
 
@@ -476,6 +499,8 @@ def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, 
     else:
         tool = ""
     nvcc = find_nvcc() if cuda else None
+    if variant == "feature":
+        require_wiring(cfg, room, tree)
     source = tree / cfg.llama_cpp_dir
     if not (source / "CMakeLists.txt").is_file():
         raise DcaforgeError(f"no CMakeLists.txt in {source}", where=str(source),
@@ -507,31 +532,156 @@ def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, 
     return res
 
 
+def _cuda_argv(cfg: Config, tree: Path) -> list[str]:
+    lf = cfg.build.llamafile
+    script = tree / lf.cuda_script
+    argv = [str(script)] if os.access(script, os.X_OK) else ["sh", str(script)]
+    return [*argv, "--clean", "--output", str(tree / lf.cuda_output), *lf.cuda_flags]
+
+
+def require_wiring(cfg: Config, room: Room, tree: Path) -> None:
+    """The wiring check of the rendered room (see :mod:`dcaforge.wiring`): a file the feature adds
+    that the build leaves out stops the build before anything runs."""
+    from .wiring import check_room
+
+    rendered = sorted((room.load_state().get("rendered") or {}).keys())
+    base = rev_parse(room.path, BASELINE_TAG)
+    if not rendered or base is None:
+        return
+    rep = check_room(cfg, tree, base, rendered)
+    if not rep.ok:
+        raise MismatchError(
+            f"the {cfg.build.backend} build leaves out {len(rep.missing)} file(s) the feature adds: "
+            + ", ".join(r.source for r in rep.missing),
+            where=str(tree), details=rep.describe_missing(),
+            hint="wire them in the feature's templates (the build lists, rendered as part of the patch), "
+                 "then `dcaforge render` and build again; `dcaforge render --check` shows the wiring")
+
+
 def _build_llamafile(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, targets: Sequence[str] | None,
                      jobs: int, log: Path, ccache: bool, runner: _Runner) -> BuildResult:
     lf = cfg.build.llamafile
-    cosmo = cosmocc_dir(tree)
+    if variant == "feature":
+        require_wiring(cfg, room, tree)
+    tgts = tuple(targets) if targets else lf.targets
+    rel = cosmocc_rel(tree)
+    would = [shlex.join([lf.make or f"{rel}/bin/make", f"-j{jobs}", *tgts])]
+    if cuda:
+        would.append(shlex.join(_cuda_argv(cfg, tree)))
+    cosmo = cosmocc_dir(tree, would)
     make = lf.make
     if make is None:
         make = str(cosmo / "bin" / "make") if (cosmo / "bin" / "make").exists() else "make"
     make = require_tool("make", HOW["make"], path=make)
     nvcc = find_nvcc() if cuda else None
     _exclude(room, tree, "o")
-    tgts = tuple(targets) if targets else lf.targets
     res = BuildResult(backend="llamafile", variant=variant, tree=tree, source=tree, build_dir=tree / "o", cuda=cuda,
                       targets=tgts, jobs=jobs, log=log, ccache=ccache)
     runner("make", [make, f"-j{jobs}", *tgts], tree, diag_base=tree)
     res.outputs = [tree / "o"]
     if cuda:
-        script = tree / "llamafile" / "cuda.sh"
+        script = tree / lf.cuda_script
         if not script.is_file():
-            raise DcaforgeError(f"{script} does not exist: this llamafile tree has no cuda.sh", where=str(script))
+            raise DcaforgeError(f"{script} does not exist: this llamafile tree has no GPU library script",
+                                where=str(script), hint="set build.llamafile.cuda_script to the tree's script")
         output = tree / lf.cuda_output
         _exclude(room, tree, lf.cuda_output, folder=False)
         output.parent.mkdir(parents=True, exist_ok=True)
-        argv = [str(script)] if os.access(script, os.X_OK) else ["sh", str(script)]
         env_path = os.path.dirname(nvcc or "")
         runner.env = {**runner.env, "PATH": f"{env_path}:{os.environ.get('PATH', '')}"} if env_path else runner.env
-        runner("cuda.sh", [*argv, "--clean", "--output", str(output), *lf.cuda_flags], tree, diag_base=tree)
+        runner(script.name, _cuda_argv(cfg, tree), tree, diag_base=tree)
         res.outputs.append(output)
     return res
+
+
+# --- llamafile's build without cosmocc: the dry run ----------------------------------------
+
+@dataclass
+class DryRunReport:
+    tree: Path
+    wiring: object  # wiring.WiringReport
+    make_argv: list[str]
+    programs: tuple[str, ...]
+    compiles: dict[str, list[str]] = field(default_factory=dict)  # added source -> its compile command
+    objects: dict[str, str | None] = field(default_factory=dict)  # added source -> its object (None: not compiled)
+    linked: dict[str, dict[str, bool]] = field(default_factory=dict)  # added source -> program -> on its link line
+    unbuilt: list[str] = field(default_factory=list)  # added sources the wiring check found in no built folder
+    cuda_argv: list[str] | None = None
+    nvcc_calls: list[list[str]] = field(default_factory=list)
+    cuda_sources: dict[str, bool] = field(default_factory=dict)  # added .cu -> handed to nvcc
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        for src, obj in self.objects.items():
+            if obj is None:
+                out.append(f"{src}: make would not compile it")
+                continue
+            out += [f"{src}: {obj} is not on the link line of {p}" for p, ok in self.linked[src].items() if not ok]
+        out += [f"{src}: {self.cuda_argv and self.cuda_argv[0]} does not hand it to nvcc"
+                for src, ok in self.cuda_sources.items() if not ok]
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return bool(getattr(self.wiring, "ok", True)) and not self.problems
+
+
+def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None = None) -> DryRunReport:
+    """``dcaforge build --dry-run`` (llamafile): the wiring check, then the tree's real Makefile with
+    ``make -n`` and a stand-in cosmocc: every C/C++ file the feature adds must be compiled and its
+    object be on the link line of each of ``programs`` (archives on it included); with ``cuda``
+    the GPU library script runs with a recording nvcc and must hand it every added .cu file."""
+    from . import dryrun
+    from .wiring import check_room
+
+    if cfg.build.backend != "llamafile":
+        raise DcaforgeError("--dry-run is for build.backend: llamafile (cosmocc's make without cosmocc)",
+                            hint="for cmake, `dcaforge build` itself; `dcaforge render --check` shows the wiring")
+    room = Room.of(cfg)
+    room.require()
+    lf = cfg.build.llamafile
+    progs = tuple(programs) if programs else lf.programs
+    with locked(room):
+        base = rev_parse(room.path, BASELINE_TAG)
+        if base is None:
+            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="dcaforge apply")
+        tree = room.path
+        rendered = sorted((room.load_state().get("rendered") or {}).keys())
+        wiring = check_room(cfg, tree, base, rendered)
+        scratch = room.meta / "dry-run"
+        if scratch.exists():
+            shutil.rmtree(scratch)
+        cosmo = dryrun.cosmocc_standin(scratch / "cosmocc")
+        make = require_tool("make", HOW["make"], path=lf.make or "make")
+        _exclude(room, tree, "o")
+        dry = dryrun.make_dry_run(tree, list(progs), cosmocc=cosmo, make=make)
+        rep = DryRunReport(tree=tree, wiring=wiring, make_argv=dry.argv, programs=progs)
+        linked = {p: dry.linked_objects(p) for p in progs}
+        for row in wiring.rows:
+            if row.status == "unbuilt":
+                rep.unbuilt.append(row.source)
+                continue
+            if row.build != "make":
+                continue
+            cmd = dry.compiles().get(row.source)
+            obj = os.path.normpath(cmd.output) if cmd is not None and cmd.output else None
+            rep.objects[row.source] = obj
+            if cmd is not None:
+                rep.compiles[row.source] = cmd.argv
+            rep.linked[row.source] = {p: obj is not None and obj in linked[p] for p in progs}
+        if cuda:
+            script = tree / lf.cuda_script
+            if not script.is_file():
+                raise DcaforgeError(f"{script} does not exist: this llamafile tree has no GPU library script",
+                                    where=str(script), hint="set build.llamafile.cuda_script to the tree's script")
+            out = scratch / "ggml-cuda.so"
+            sd = dryrun.script_dry_run(tree, lf.cuda_script, ["--clean", "--output", str(out), *lf.cuda_flags],
+                                       scratch / "nvcc")
+            rep.cuda_argv = sd.argv
+            rep.nvcc_calls = sd.nvcc_calls()
+            handed = {os.path.normpath(s) for s in sd.sources()}
+            for row in wiring.rows:
+                if row.source.endswith(".cu") and row.status != "unbuilt":
+                    rep.cuda_sources[row.source] = os.path.normpath(row.source) in handed
+    return rep

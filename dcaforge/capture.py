@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import bookkeeping
 from .bookkeeping import DocUpdate, check_outside_trees
-from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
+from .cleanroom import BASELINE_TAG, Room, locked, os_error, write_all_atomic
 from .config import Config
 from .errors import DcaforgeError
 from .git import git, git_out, rev_parse
@@ -54,11 +54,11 @@ def worktree_tree(room: Path) -> str:
 
 
 def tree_diff(repo: Path, old_tree: str, new_tree: str) -> bytes:
-    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree).stdout_bytes
+    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree, "--").stdout_bytes
 
 
 def changed_paths(repo: Path, old_tree: str, new_tree: str) -> list[str]:
-    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree).stdout
+    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree, "--").stdout
     return [p for p in out.split("\0") if p]
 
 
@@ -81,25 +81,62 @@ class CaptureResult:
     bookkeeping_skipped: bool = False  # configured, but -o wrote the patch outside the series
 
 
+def check_whole(cfg: Config, room: Room) -> dict:
+    """The room must be "series applied and feature rendered": what capture writes is then the
+    feature, not a half-made tree. Returns the room's state."""
+    state = room.load_state()
+    phase = state.get("phase")
+    if phase != "applied":
+        what = {"failed": f"the series stopped at {(state.get('failed') or {}).get('patch', '?')}",
+                "interrupted": "an apply was interrupted", "applying": "an apply was interrupted",
+                "resetting": "a reset was interrupted", "created": "the series is not applied yet"}.get(
+                    phase or "", f"the clean room is not fully applied ({phase})")
+        raise DcaforgeError(f"nothing captured: {what}", where=str(room.path),
+                            hint="`dcaforge apply --continue` finishes it; then capture")
+    if state.get("render_error"):
+        raise DcaforgeError(f"nothing captured: the last render stopped ({state['render_error']})", where=str(room.path),
+                            hint="fix the templates (`dcaforge render --check` shows what does not fit), run "
+                                 "`dcaforge render`, then capture")
+    if state.get("rendering"):
+        raise DcaforgeError("nothing captured: the last render was interrupted", where=str(room.path),
+                            hint="`dcaforge render` (or `dcaforge apply --continue`) renders it again; then capture")
+    if (cfg.feature.templates / "manifest.yaml").is_file() and state.get("rendered") is None:
+        raise DcaforgeError("nothing captured: the feature is not rendered in the clean room", where=str(room.path),
+                            hint="`dcaforge render` (or `dcaforge apply`), then capture")
+    return state
+
+
 def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
     """Write the feature patch (and, when configured and the patch goes to the series, the
-    bookkeeping): everything is computed and checked first, then written."""
+    bookkeeping): everything is computed and checked first, then written, all or nothing. A room
+    that is not "series applied and feature rendered" is refused, and so is an empty patch."""
     room = Room.of(cfg)
     room.require()
-    dest = (out or cfg.feature_patch).resolve()
+    dest = Path(os.path.abspath(out or cfg.feature_patch))
     check_outside_trees(cfg, dest, "the patch", workspace=False)
-    to_series = dest == cfg.feature_patch.resolve()
+    to_series = dest == Path(os.path.abspath(cfg.feature_patch))
+    if dest.is_dir():
+        raise DcaforgeError(f"cannot write the patch to {dest}: it is a folder", where=str(dest),
+                            hint=f"give a file name, e.g. -o {dest / cfg.feature.patch_name}")
     with locked(room):
+        check_whole(cfg, room)
         base = baseline_tree(room)
         tree = worktree_tree(room.path)
         data = tree_diff(room.path, base, tree)
+        if not data:
+            raise DcaforgeError("nothing captured: the clean room has no changes against the baseline, and an empty "
+                                "patch is never written" + (f" (the existing {dest.name} is kept)" if dest.exists() else ""),
+                                where=str(room.path),
+                                hint="`dcaforge render` (or `dcaforge apply`) puts the feature into the clean room; then capture")
         files = changed_paths(room.path, base, tree)
         sha = hashlib.sha256(data).hexdigest()
         updates = bookkeeping.plan(cfg, dest, data, files, sha) if to_series else []
-        old = dest.read_bytes() if dest.is_file() else None
-        if old != data:
-            write_atomic(dest, data, 0o644)
-        bookkeeping.write(updates)
+        try:
+            old = dest.read_bytes() if dest.is_file() else None
+        except OSError as exc:
+            raise os_error(exc, dest, "the patch") from None
+        writes = [(dest, data, 0o644)] if old != data else []
+        write_all_atomic(writes + bookkeeping.writes(updates), "the patch")
         room.update_state(captured={"patch": str(dest), "sha256": sha, "tree": tree})
         return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files,
                              bookkeeping=updates, bookkeeping_skipped=bool(cfg.bookkeeping.docs) and not to_series)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, load_config
-from .errors import DcaforgeError
+from .errors import EXIT_INTERRUPTED, EXIT_MISMATCH, DcaforgeError, InterruptedRun
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -32,6 +33,10 @@ T = TypeVar("T")
 def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
     try:
         return fn()
+    except InterruptedRun as exc:
+        err.print(f"[bold yellow]interrupted:[/] {escape(str(exc.message))}", markup=True)
+        err.print(f"  [bold]next:[/] {escape(str(exc.hint))}", markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except DcaforgeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc.message))}", markup=True)
         if exc.where:
@@ -43,13 +48,24 @@ def _call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         err.print(f"  [bold]next:[/] {escape(str(hint))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("[bold yellow]interrupted[/]: " + (interrupted or "the clean room is at the last completed step; "
-                  "`dcaforge apply --continue` resumes"), markup=True)
-        raise typer.Exit(130) from None
+        err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
+                  "command again"), markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _config(path: Path | None) -> Config:
     return _call(lambda: load_config(path))
+
+
+class _Warnings(logging.Handler):
+    """dcaforge's warnings (what it repaired or removed after an interrupted run) on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {escape(record.getMessage())}", markup=True)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
 @app.callback()
@@ -58,8 +74,15 @@ def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log eve
     if version:
         out.print(f"dcaforge {__version__}")
         raise typer.Exit(0)
+    logger = logging.getLogger("dcaforge")
+    for h in [h for h in logger.handlers if isinstance(h, _Warnings)]:
+        logger.removeHandler(h)
+    handler = _Warnings(level=logging.WARNING)
+    logger.addHandler(handler)
     if verbose:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 @app.command()
@@ -69,6 +92,8 @@ def apply(
     cont: Annotated[bool, typer.Option("--continue", help="resume after a failed or interrupted apply")] = False,
     include_wip: Annotated[bool, typer.Option("--include-wip", help="copy the source checkout's uncommitted files into the new clean room")] = False,
     no_render: Annotated[bool, typer.Option("--no-render", help="stop at the baseline")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="run the config's bootstrap commands (shown before they run); "
+                                        "without it they run only from a config listed in the settings file")] = False,
 ) -> None:
     """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
     from .series import ApplyHooks, Patch
@@ -84,7 +109,7 @@ def apply(
         err.print(f"  {s}", markup=False)
 
     res = _call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
-                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step)))
+                                 hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust))
     out.print(f"clean room: {res.room}")
     out.print(f"source:     {res.source}")
     out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"
@@ -130,25 +155,24 @@ def render(
         out.print(f"{len(fitted)} fit ({alts} by an alternative), "
                   f"{sum(1 for e in res.edits if e.status == 'skipped')} skipped, "
                   f"{sum(1 for e in res.edits if not e.fits)} do not fit, of {len(res.edits)} edits")
-        for e in res.edits:
-            if e.fits:
-                continue
-            where = f"edit #{e.index} ({e.file or 'no file'}, manifest line {e.manifest_line})"
-            if e.status == "ambiguous":
-                out.print(f"{where}: {'anchor' if not e.variant else f'alternative {e.variant}'} {e.anchor!r} matched lines:",
-                          markup=False)
-                for c in e.closest:
-                    out.print(f"    {c}", markup=False)
-            for variant, anchor, _n, close in e.tried:
-                out.print(f"{where}: {'anchor' if not variant else f'alternative {variant}'} {anchor!r} matches nowhere; "
-                          "closest lines:", markup=False)
-                for c in close:
-                    out.print(f"    {c}", markup=False)
+        _print_misfits(res.misfits, {e.index: e for e in res.edits})
         for dest, what in res.files:
             out.print(f"file {dest}: {what}")
+        if res.wiring is not None:
+            _print_wiring(res.wiring)
         if not res.ok:
-            err.print("some anchors do not fit", style="red")
-            raise typer.Exit(2)
+            where = escape(str(cfg.feature.templates / 'manifest.yaml'))
+            if not res.anchors_ok:
+                bad = sum(1 for e in res.edits if not e.fits)
+                err.print(f"[bold red]error:[/] {bad} of {len(res.edits)} edits do not fit {escape(res.tree)}", markup=True)
+                err.print(f"  [dim]where:[/] {where} (the edits listed above)", markup=True)
+                err.print("  [bold]next:[/] adjust those anchors or add 'alternatives:' (the closest lines are shown above), "
+                          "or guard the edits with 'when_exists:' or 'when:'; then check again", markup=True)
+            if res.wiring is not None and not res.wiring.ok:
+                err.print("[bold red]error:[/] the build leaves out files the feature adds (listed above)", markup=True)
+                err.print("  [bold]next:[/] add each file to the list named above (or render the feature's wiring edits); "
+                          "then check again", markup=True)
+            raise typer.Exit(EXIT_MISMATCH)
         return
     r = _call(lambda: rmod.render(cfg, force=force))
     for rel in r.written:
@@ -156,6 +180,62 @@ def render(
     for rel in r.restored:
         out.print(f"restored  {rel}")
     out.print(f"{len(r.written)} written, {len(r.unchanged)} unchanged, {len(r.restored)} restored")
+
+
+def _print_misfits(misfits: list[Any], edits: dict[int, Any]) -> None:
+    """One table: each edit that does not fit, drifted or absent, and why (nearest lines from the
+    pristine baseline file)."""
+    if not misfits:
+        return
+    drifted = sum(1 for m in misfits if m.kind == "drifted")
+    out.print(f"misfits: {drifted} drifted, {len(misfits) - drifted} absent")
+    rows = [("#", "file", "class", "why")] + [(str(m.index), m.file, m.kind, m.reason) for m in misfits]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    pad = " " * (sum(widths) + 6)
+    for k, row in enumerate(rows):
+        out.print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3],
+                  style=None if k == 0 else "red", markup=False)
+        if k == 0:
+            continue
+        m = misfits[k - 1]
+        e = edits.get(m.index)
+        for label, lines in m.nearest:
+            anchor = e.anchor if e is not None and label in ("anchor", "matched") else next(
+                (a for v, a, _n, _c in (e.tried if e is not None else []) if f"alternative {v}" == label), "")
+            out.print(f"{pad}{label} {anchor!r} (manifest line {m.manifest_line}):", markup=False)
+            for c in lines:
+                out.print(f"{pad}    {c}", markup=False)
+
+
+def _print_wiring(w: Any) -> None:
+    if not w.rows:
+        out.print(f"wiring ({w.backend}): the feature adds no .c/.cpp/.cu file")
+        return
+    n_ok = sum(1 for r in w.rows if r.status == "ok")
+    out.print(f"wiring ({w.backend}): {n_ok} of {len(w.rows)} added sources built"
+              + (f", {len(w.missing)} left out" if w.missing else ""))
+    for r in w.rows:
+        if r.status == "missing":
+            out.print(f"  missing  {r.source}: not built by {r.build}; add it to {r.join}", style="red", markup=False)
+        else:
+            out.print(f"  {r.status:<8} {r.source}: {r.how}", style=None if r.status == "ok" else "dim", markup=False)
+
+
+@app.command()
+def drift(
+    config: ConfigOpt = None,
+    sdist: Annotated[str | None, typer.Option("--sdist", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
+    tree: Annotated[Path | None, typer.Option("--tree", help="a llama.cpp tree (a folder)")] = None,
+) -> None:
+    """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
+    from .drift import canary
+
+    cfg = _config(config)
+    res = _call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    _print_misfits(res.misfits, {e.index: e for e in res.check.edits})
+    out.print(res.summary())
+    if res.misfits:
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
@@ -231,7 +311,8 @@ def status(
         ("base", res.base_commit or "-"), ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
                                       + (" (series changed since apply)" if res.series_changed else "")),
         ("baseline", res.baseline or "-"),
-        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")),
+        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")
+         + (f" (the last render stopped: {res.render_error})" if res.render_error else "")),
         ("hand edits", ", ".join(res.dirty) or "none"),
         ("patch", f"{res.patch} ({res.patch_state})"),
     ]
@@ -239,6 +320,12 @@ def status(
         rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
     if res.source_uncommitted:
         rows.append(("source wip", ", ".join(res.source_uncommitted)))
+    if res.source_submodules_wip:
+        rows.append(("submodule wip", ", ".join(res.source_submodules_wip) + " (uncommitted files inside; "
+                     "--include-wip copies them)"))
+    if res.unsafe_config:
+        rows.append(("room config", "UNSAFE: .git/config sets " + ", ".join(res.unsafe_config)
+                     + " (could run commands); `dcaforge apply` removes them"))
     for k, v in rows:
         out.print(f"{k:<11} {v}", markup=False)
 
@@ -254,8 +341,14 @@ def build(
     targets: Annotated[list[str] | None, typer.Option("--targets", "-t", help="targets to build (repeat, or "
                                                       "space-separated); default: build.*.targets of the config")] = None,
     jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="llamafile: run its Makefile with make -n and a stand-in "
+                                      "cosmocc (and, with --cuda, the GPU script with a recording nvcc) and check "
+                                      "that the feature's files are compiled and linked; builds nothing")] = False,
 ) -> None:
     """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
+    if dry:
+        _dry_run(config, cuda, targets)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .build import BuildHooks
@@ -301,6 +394,38 @@ def build(
 
 
 
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None:
+    from .build import dry_run
+
+    cfg = _config(config)
+    progs = [t for group in (targets or []) for t in group.split()]
+    rep = _call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
+    _print_wiring(rep.wiring)
+    out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
+    for src, obj in rep.objects.items():
+        if obj is None:
+            out.print(f"  {src}: not compiled", style="red", markup=False)
+            continue
+        on = [p for p, ok in rep.linked[src].items() if ok]
+        off = [p for p, ok in rep.linked[src].items() if not ok]
+        out.print(f"  {src} -> {obj}; linked into {', '.join(on) or 'nothing'}"
+                  + (f"; NOT into {', '.join(off)}" if off else ""), style="red" if off else None, markup=False)
+    for src in rep.unbuilt:
+        out.print(f"  {src}: not built by this build (see the wiring above)", style="dim", markup=False)
+    if rep.cuda_argv is not None:
+        out.print(f"gpu script (stand-in nvcc): {' '.join(rep.cuda_argv)}: {len(rep.nvcc_calls)} nvcc call(s)", markup=False)
+        for src, ok in rep.cuda_sources.items():
+            out.print(f"  {src}: {'handed to nvcc' if ok else 'NOT handed to nvcc'}", style=None if ok else "red",
+                      markup=False)
+    if not rep.ok:
+        for p in rep.problems:
+            err.print(f"dry run: {p}", style="red", markup=False)
+        if not rep.wiring.ok:
+            err.print("the build leaves out files the feature adds", style="red")
+        raise typer.Exit(EXIT_MISMATCH)
+    out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
+
+
 @app.command()
 def gate(
     config: ConfigOpt = None,
@@ -344,6 +469,8 @@ def gate(
 
 
 def main() -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     app()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import REPO_ROOT
+from .confine import path_problem
 from .errors import ConfigError
 from .yamlio import Reader, load_yaml
 
@@ -21,6 +22,11 @@ BUILTIN_CONFIG = REPO_ROOT / "examples" / "upstream.yaml"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+#: A PyPI requirement dcaforge hands to pip: a name (extras allowed) and version specifiers, never
+#: a URL, a file or an option.
+_REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._,-]+\])?"
+                             r"(?:\s*(?:===|==|~=|!=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)?"
+                             r"(?:\s*,\s*(?:===|==|~=|!=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)*$")
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,9 @@ class LlamafileBuildConfig:
     targets: tuple[str, ...] = ()   # () = the Makefile's default goal
     cuda_flags: tuple[str, ...] = ()
     cuda_output: str = "o/cuda/ggml-cuda.so"  # relative to the clean room
+    cuda_script: str = "llamafile/cuda.sh"  # the GPU library script, relative to the clean room
+    # the programs whose link lines must carry the feature's objects (`build --dry-run` checks them)
+    programs: tuple[str, ...] = ("o//llama.cpp/server/llama-server", "o//llamafile/llamafile")
 
 
 @dataclass(frozen=True)
@@ -225,8 +234,11 @@ def _rel_path(value: str, base: Path) -> Path:
 
 def _clean_relpath(r: Reader, key: str, value: str) -> str:
     p = Path(value)
-    if p.is_absolute() or ".." in p.parts:
-        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the tree, got {value!r}")
+    problem = path_problem(value) if value.strip() not in ("", ".") else None
+    if p.is_absolute() or ".." in p.parts or problem:
+        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the tree, got {value!r}"
+                      + (f", which {problem}" if problem else ""),
+                      hint="a folder of the tree relative to its root, e.g. llama.cpp (or . for the whole tree)")
     norm = p.as_posix()
     return "." if norm in ("", ".") else norm
 
@@ -262,6 +274,10 @@ def parse_config(path: Path) -> Config:
     else:
         src.check_keys({"pypi", "subdir"})
         req = src.get("pypi", str, required=True)
+        if not _REQUIREMENT_RE.match(req):
+            raise src.error("pypi", f"'source.pypi' must be a package name with a version, like "
+                                    f"llama-cpp-python==0.3.36, got {req!r}",
+                            hint="a name and '==VERSION' (no URL, no pip option): the sdist is downloaded once and kept")
         subdir = _clean_relpath(src, "subdir", src.get("subdir", str, default="."))
         source = PypiSource(requirement=req, subdir=subdir)
 
@@ -344,17 +360,11 @@ DEFAULT_README_ROW = "| `{{ feature.id }}` | {{ n_files }} files | `{{ marker }}
 DEFAULT_SYNC_ENTRY = "- `{{ marker }}`: {{ feature.id }}, {{ marker_sites }} marked lines in {{ marked_files | length }} files"
 
 
-def sample_bookkeeping_context(feature: FeatureConfig, llama_cpp_dir: str = ".") -> dict[str, Any]:
-    """A context like capture's, for checking the templates when the config is read."""
-    return {"feature": {"number": feature.number, "name": feature.name,
-                        "id": f"{feature.number:04d}-{feature.name}"},
-            "marker": feature.marker, "vars": feature.vars, "llama_cpp_dir": llama_cpp_dir,
-            "patch": feature.patch_name, "sha256": "0" * 64, "files": ["a", "b"], "n_files": 2,
-            "marked_files": ["a"], "marker_sites": 1}
-
-
 def _parse_bookkeeping(top: Reader, root: Path, feature: FeatureConfig) -> BookkeepingConfig:
     import jinja2
+    import jinja2.meta
+
+    from . import sandbox
 
     bk = top.sub("bookkeeping")
     bk.check_keys({"series_readme", "upstream_sync"})
@@ -375,20 +385,17 @@ def _parse_bookkeeping(top: Reader, root: Path, feature: FeatureConfig) -> Bookk
             raise d.error("section", f"'{d.key('section')}' must be a heading's text, e.g. {default_section!r}")
         template = d.get(tkey, str, default=default_template)
         where = d.where(tkey) if d.has(tkey) else d.where()
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        # read, never run: a config is loaded by every command (status too), and its templates are
+        # the user's text; capture renders them (sandboxed) and checks what they give
         try:
-            line = env.from_string(template).render(sample_bookkeeping_context(feature))
-        except jinja2.TemplateError as exc:
-            raise ConfigError(f"'{d.key(tkey)}' is not a usable template: {exc}", where=where,
+            names = jinja2.meta.find_undeclared_variables(sandbox.environment().parse(template))
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"'{d.key(tkey)}' is not a usable template: {exc.message}", where=where,
                               hint="the context has: " + ", ".join(BOOKKEEPING_CONTEXT)) from None
-        if "\n" in line.strip("\n") or not line.strip():
-            raise ConfigError(f"'{d.key(tkey)}' must render to exactly one line", where=where)
-        if key == "series_readme" and not line.lstrip().startswith("|"):
-            raise ConfigError(f"'{d.key(tkey)}' must render to a Markdown table row (starting with '|')",
-                              where=where, hint=f"e.g. {DEFAULT_README_ROW!r}")
-        if key == "upstream_sync" and feature.marker not in line:
-            raise ConfigError(f"'{d.key(tkey)}' must contain the marker (it is how capture finds the entry again)",
-                              where=where, hint="put {{ marker }} in it")
+        unknown = sorted(names - set(BOOKKEEPING_CONTEXT))
+        if unknown:
+            raise ConfigError(f"'{d.key(tkey)}' is not a usable template: '{unknown[0]}' is undefined", where=where,
+                              hint="the context has: " + ", ".join(BOOKKEEPING_CONTEXT))
         docs[key] = BookkeepingDoc(file=path, section=section, template=template, where=where)
     return BookkeepingConfig(series_readme=docs["series_readme"], upstream_sync=docs["upstream_sync"])
 
@@ -446,12 +453,14 @@ def _parse_build(top: Reader) -> BuildConfig:
     )
 
     lf = b.sub("llamafile")
-    lf.check_keys({"make", "targets", "cuda_flags", "cuda_output"})
+    lf.check_keys({"make", "targets", "cuda_flags", "cuda_output", "cuda_script", "programs"})
     llamafile = LlamafileBuildConfig(
         make=lf.get("make", str),
         targets=_str_list(lf, "targets"),
         cuda_flags=_str_list(lf, "cuda_flags"),
         cuda_output=_clean_relpath(lf, "cuda_output", lf.get("cuda_output", str, default="o/cuda/ggml-cuda.so")),
+        cuda_script=_clean_relpath(lf, "cuda_script", lf.get("cuda_script", str, default="llamafile/cuda.sh")),
+        programs=_str_list(lf, "programs") or LlamafileBuildConfig.programs,
     )
     return BuildConfig(backend=backend, jobs=jobs, ccache=b.get("ccache", bool, default=True),
                        cmake=cmake, llamafile=llamafile)

@@ -7,10 +7,14 @@ and exits with ``exit_code``; nothing else is caught there.
 
 from __future__ import annotations
 
-#: Exit code when a patch or a template anchor does not fit the tree.
-EXIT_MISMATCH = 2
-#: Exit code for every other error.
+#: Exit code for every error that is not one of the two below.
 EXIT_ERROR = 1
+#: Exit code of a usage error (typer's own: an unknown option, a missing argument).
+EXIT_USAGE = 2
+#: Exit code when a patch or a template anchor does not fit the tree, or a patch does not round trip.
+EXIT_MISMATCH = 3
+#: Exit code when the run was interrupted (Ctrl-C, SIGTERM).
+EXIT_INTERRUPTED = 130
 
 
 class DcaforgeError(Exception):
@@ -44,13 +48,18 @@ class DcaforgeError(Exception):
 
 
 class MismatchError(DcaforgeError):
-    """A patch or a template anchor does not fit the tree (exit code 2)."""
+    """A patch or a template anchor does not fit the tree, or a patch does not round trip (exit code 3)."""
 
     exit_code = EXIT_MISMATCH
 
 
 class ConfigError(DcaforgeError):
     """dcaforge.yaml or a manifest is malformed: names the key, the file and the line."""
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None,
+                 details: str | None = None) -> None:
+        super().__init__(message, where=where, details=details,
+                         hint=hint or "fix that in the file and line named by where:, then run the command again")
 
 
 class CommandError(DcaforgeError):
@@ -75,3 +84,10 @@ class BuildError(DcaforgeError):
 
 class GateError(DcaforgeError):
     """A gate could not run (a missing build, model or tool); a gate that runs and fails is a result."""
+
+
+class InterruptedRun(DcaforgeError, KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C, SIGTERM) and cleaned up; ``hint`` says what to run next
+    (exit code 130). Still a KeyboardInterrupt for a caller that stops on those."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -1,24 +1,34 @@
-"""The one place that runs git and patch (and the only module importing GitPython).
+"""The one place that runs git and patch.
 
 Every command goes through :func:`run`: an argv list (never a shell), an explicit ``cwd``,
 utf-8, logged, and a failure raises :class:`~dcaforge.errors.CommandError` with the stderr
 tail. git always runs under an isolated configuration (no global or system config, a fixed
 identity and date, no signing, hooks off) so what dcaforge commits and captures does not
 depend on the user's git setup.
+
+git can be made to run commands by its configuration (``core.fsmonitor``, hooks, filter and
+diff/merge drivers, ``core.sshCommand``, ``ext::`` URLs, ``include``...). So every call pins the
+settings that name commands (:data:`GIT_CONFIG_ARGS`), and before a call in a repository, that
+repository's own ``.git/config`` is read (as data, never through git's include machinery) and
+refused when it holds anything beyond what git itself writes there (:func:`config_problems`);
+:func:`repair_repo_config` rewrites such a config with only those entries.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CommandError
+from .errors import CommandError, SafetyError, ToolchainError
 
 log = logging.getLogger("dcaforge")
 
@@ -42,12 +52,47 @@ GIT_CONFIG_ARGS: tuple[str, ...] = (
     "-c", "protocol.file.allow=always",
     "-c", "checkout.workers=0",
     "-c", "core.untrackedCache=false",
+    # settings that name commands: none may come from a repository's own config
+    "-c", "core.fsmonitor=",
+    "-c", "core.sshCommand=ssh",
+    "-c", "credential.helper=",
+    "-c", f"core.attributesFile={os.devnull}",
+    "-c", "protocol.ext.allow=never",
+    "-c", "submodule.recurse=false",
+    "-c", "diff.noprefix=false",
 )
+
+#: Environment variables of GNU patch that change what it does (RCS/SCCS checkouts, POSIX mode,
+#: backups, how it quotes the names it prints): dropped, then set to fixed values.
+PATCH_ENV_DROP = ("POSIXLY_CORRECT", "PATCH_GET", "PATCH_VERSION_CONTROL", "VERSION_CONTROL", "SIMPLE_BACKUP_SUFFIX",
+                  "QUOTING_STYLE")
+
+#: What a clean room's .git/config may hold: what `git clone`, `git submodule` and the user's
+#: identity write there. Everything else (fsmonitor, hooksPath, filters, drivers, include,
+#: core.worktree, url rewrites, extensions that read more files...) is refused or removed.
+_ALLOWED_CONFIG = re.compile(
+    r"^(?:core\.(?:repositoryformatversion|filemode|bare|logallrefupdates|symlinks|ignorecase|precomposeunicode)"
+    r"|remote\..+\.(?:url|fetch|pushurl)|branch\..+\.(?:remote|merge)"
+    r"|submodule\..+\.(?:url|active|branch|ignore|fetchrecursesubmodules|shallow|update)"
+    r"|user\.(?:name|email)|extensions\.objectformat)$")
+#: ``submodule.X.update`` names a command when it starts with ``!``: only git's own modes pass.
+_SUBMODULE_UPDATE = re.compile(r"^submodule\..+\.update$")
+_UPDATE_MODES = frozenset({"checkout", "rebase", "merge", "none"})
+
+
+def _allowed(key: str, value: str) -> bool:
+    if not _ALLOWED_CONFIG.match(key):
+        return False
+    return not _SUBMODULE_UPDATE.match(key) or value.strip() in _UPDATE_MODES
+
+
+#: A submodule's own git dir also records where its work tree is.
+_ALLOWED_MODULE_CONFIG = re.compile(r"^core\.worktree$")
 
 
 def isolated_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for every subprocess: no GIT_* from outside, isolated git config."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k not in PATCH_ENV_DROP}
     env.update(
         {
             "GIT_CONFIG_GLOBAL": os.devnull,
@@ -63,6 +108,8 @@ def isolated_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             "LC_ALL": "C",
             "LANGUAGE": "C",
             "TZ": "UTC",
+            "QUOTING_STYLE": "literal",
+            "PATCH_GET": "0",
         }
     )
     if extra:
@@ -103,18 +150,27 @@ def run(
     """
     args = tuple(os.fspath(a) for a in argv)
     log.debug("run %s (cwd=%s)", " ".join(args), cwd)
-    proc = subprocess.run(
-        args,
-        cwd=os.fspath(cwd),
-        env=isolated_env(env),
-        input=input,
-        stdin=None if input is not None else subprocess.DEVNULL,
-        capture_output=True,
-        check=False,
-    )
-    if proc.returncode == -signal.SIGINT:
-        # the child died of the Ctrl-C that is about to reach us: stop here, not with a bogus
-        # "command failed"
+    try:
+        proc = subprocess.run(
+            args,
+            cwd=os.fspath(cwd),
+            env=isolated_env(env),
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        if not Path(cwd).is_dir():
+            raise CommandError(f"cannot run {args[0]}: the folder {cwd} is gone", where=str(cwd),
+                               hint=hint or "run the command again") from None
+        raise missing_tool(args[0]) from None
+    except PermissionError as exc:
+        raise ToolchainError(f"cannot run {args[0]}: {exc.strerror}", where=str(args[0]),
+                             hint=f"make {args[0]} executable, or put a working one first on PATH") from None
+    if proc.returncode in (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP):
+        # the child died of the Ctrl-C (or kill) that is about to reach us: stop here, not with a
+        # bogus "command failed"
         raise KeyboardInterrupt
     res = Result(
         argv=args,
@@ -181,6 +237,128 @@ def run_streaming(
     return rc
 
 
+INSTALL_HINTS = {
+    "git": "install git (e.g. `apt-get install git`, `dnf install git`, `brew install git`) and run the command again",
+    "patch": "install GNU patch (e.g. `apt-get install patch`, `dnf install patch`, `brew install gpatch` and put its "
+             "`patch` first on PATH) and run the command again",
+    "bash": "install bash, or write the bootstrap step as an argv list",
+}
+
+
+def missing_tool(name: str) -> ToolchainError:
+    base = os.path.basename(name)
+    return ToolchainError(f"{base} is not installed (or not on PATH)", where=f"PATH={os.environ.get('PATH', '')}",
+                          hint=INSTALL_HINTS.get(base, f"install {base}, or fix the command, and run again"))
+
+
+# --- a repository's own config --------------------------------------------------------------
+
+def _config_file(cwd: Path) -> tuple[Path, bool] | None:
+    """The config git reads for a repository whose work tree is ``cwd`` (its .git folder, or the
+    git dir a .git file points at, or that one's common dir), and whether it is a linked one."""
+    dotgit = cwd / ".git"
+    if dotgit.is_dir() and not dotgit.is_symlink():
+        return dotgit / "config", False
+    if dotgit.is_file():
+        try:
+            text = dotgit.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return None
+        if not text.startswith("gitdir:"):
+            return None
+        gitdir = (cwd / text[len("gitdir:"):].strip())
+        common = gitdir / "commondir"
+        if common.is_file():
+            gitdir = gitdir / common.read_text(encoding="utf-8", errors="replace").strip()
+        return gitdir / "config", True
+    return None
+
+
+def read_config(path: Path) -> list[tuple[str, str]] | None:
+    """The entries (key as git lists it, value) of a git config file, read by git's own parser as a
+    plain file (``git config -f FILE --no-includes``: no include followed, nothing run); [] when
+    there is no such file, None when git cannot read it (then no git call there would work)."""
+    if not path.is_file():
+        return []
+    # from / : git would read the config of a repository around the working folder, the broken one included
+    res = run(["git", "config", "-f", str(path), "--no-includes", "--list", "-z"], Path("/"), check=False)
+    if not res.ok:
+        return None
+    entries = []
+    for item in res.stdout_bytes.split(b"\0"):
+        if not item:
+            continue
+        key, _, value = item.decode("utf-8", "surrogateescape").partition("\n")
+        entries.append((key, value))
+    return entries
+
+
+def config_problems(path: Path, *, module: bool = False) -> list[str]:
+    """Keys of the config at ``path`` that dcaforge does not allow in a repository it runs git in."""
+    entries = read_config(path)
+    if entries is None:
+        return [f"(a line dcaforge cannot read in {path.name})"]
+    bad = []
+    for key, value in entries:
+        if _allowed(key, value) or (module and _ALLOWED_MODULE_CONFIG.match(key)):
+            continue
+        bad.append(key)
+    return sorted(set(bad))
+
+
+_CLEAN_CONFIGS: set[tuple[str, bool]] = set()
+
+
+def guard_repo(cwd: Path) -> None:
+    """Refuse to run git in ``cwd`` when the repository's own config could make git run a command."""
+    found = _config_file(Path(cwd))
+    if found is None:
+        return
+    path, module = found
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return
+    key = (hashlib.sha256(data).hexdigest(), module)
+    if key in _CLEAN_CONFIGS:
+        return
+    bad = config_problems(path, module=module)
+    if bad:
+        raise SafetyError(
+            f"{path} holds settings dcaforge does not allow, which could make git run commands: {', '.join(bad[:8])}"
+            + (" ..." if len(bad) > 8 else ""),
+            where=str(path),
+            hint="any dcaforge command that takes the clean room (apply, render, capture, verify) removes them and "
+                 "says so; or `dcaforge apply --fresh` makes the room again")
+    _CLEAN_CONFIGS.add(key)
+
+
+def repair_repo_config(gitdir: Path) -> list[str]:
+    """Rewrite ``gitdir/config`` with only the entries dcaforge allows; returns the keys removed."""
+    path = gitdir / "config"
+    entries = read_config(path)
+    if entries is None:
+        bad = config_problems(path)
+        entries = [("core.repositoryformatversion", "0"), ("core.filemode", "true"), ("core.bare", "false"),
+                   ("core.logallrefupdates", "true")]
+    else:
+        bad = sorted({k for k, v in entries if not _allowed(k, v)})
+        entries = [(k, v) for k, v in entries if _allowed(k, v)]
+    if not bad:
+        return []
+    tmp = gitdir / "config.dcaforge-repair"
+    tmp.write_bytes(b"")
+    try:
+        for key, value in entries:
+            run(["git", "config", "-f", str(tmp), "--add", key, value], Path("/"), what="git config (repairing the clean room)",
+                hint="`dcaforge apply --fresh` makes the clean room again")
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return bad
+
+
 def git(
     cwd: Path,
     *args: str | os.PathLike[str],
@@ -190,7 +368,9 @@ def git(
     what: str | None = None,
     hint: str | None = None,
 ) -> Result:
-    """Run git with the isolated configuration in ``cwd``."""
+    """Run git with the isolated configuration in ``cwd`` (refused when the repository's own
+    config there could make git run a command: :func:`guard_repo`)."""
+    guard_repo(Path(cwd))
     return run(["git", *GIT_CONFIG_ARGS, *args], cwd, env=env, input=input, check=check,
                what=what or f"git {args[0] if args else ''}".strip(), hint=hint)
 
@@ -200,9 +380,20 @@ def git_out(cwd: Path, *args: str | os.PathLike[str], env: Mapping[str, str] | N
     return git(cwd, *args, env=env).stdout.strip()
 
 
+@functools.lru_cache(maxsize=1)
+def _gnu_patch() -> None:
+    res = run(["patch", "--version"], Path.cwd() if Path.cwd().is_dir() else Path("/"), check=False)
+    if "GNU patch" not in res.stdout:
+        raise ToolchainError("`patch` on PATH is not GNU patch (dcaforge needs its options: --fuzz=0, --dry-run, -p)",
+                             where=(res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip()
+                             else "patch --version", hint=INSTALL_HINTS["patch"])
+
+
 def patch_cmd(cwd: Path, patch_file: Path, *, dry_run: bool, strip: int = 1) -> Result:
-    """GNU patch, never with fuzz, no backups, no questions; the result is not checked."""
-    argv = ["patch", f"-p{strip}", "--fuzz=0", "--no-backup-if-mismatch", "--force",
+    """GNU patch, never with fuzz, no backups, no questions, no version-control checkouts
+    (``--get=0``); the result is not checked."""
+    _gnu_patch()
+    argv = ["patch", f"-p{strip}", "--fuzz=0", "--no-backup-if-mismatch", "--force", "--get=0",
             "--forward", "-i", os.fspath(patch_file)]
     if dry_run:
         argv.append("--dry-run")
@@ -256,7 +447,25 @@ def is_inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-# --- GitPython: reading a user's checkout -----------------------------------------------
+# --- reading a user's checkout ------------------------------------------------------------
+
+_DRIVER_KEY = re.compile(r"^(?:filter\..+\.(?:clean|smudge|process)|diff\..+\.(?:textconv|command)|merge\..+\.driver)$")
+
+
+def neutralizing_args(cwd: Path) -> list[str]:
+    """``-c KEY=`` for every filter, diff or merge driver the repository at ``cwd`` configures (its
+    config read by git, includes followed, nothing run): git then runs none of them there."""
+    res = run(["git", *GIT_CONFIG_ARGS, "config", "--list", "-z"], cwd, check=False)
+    args: list[str] = []
+    for item in res.stdout_bytes.split(b"\0"):
+        key = item.decode("utf-8", "surrogateescape").partition("\n")[0]
+        if _DRIVER_KEY.match(key):
+            if "=" in key:
+                raise SafetyError(f"the git config of {cwd} names a driver dcaforge cannot switch off: {key!r}",
+                                  where=str(cwd), hint="rename that filter/diff/merge driver (no '=' in its name)")
+            args += ["-c", f"{key}="]
+    return args
+
 
 @dataclass(frozen=True)
 class CheckoutInfo:
@@ -264,40 +473,28 @@ class CheckoutInfo:
 
     toplevel: Path
     head: str | None
-    uncommitted: tuple[str, ...]  # paths relative to toplevel, modified/added/untracked/deleted
+    uncommitted: tuple[str, ...]  # paths relative to toplevel, modified/added/untracked (submodules' included)
     deleted: tuple[str, ...]
+    git_dir: Path | None = None     # its git directory (.git, or .git/worktrees/<name> of a linked worktree)
+    common_dir: Path | None = None  # the repository's shared git directory (the main .git of linked worktrees)
+    submodules_wip: tuple[str, ...] = ()  # submodules (paths) with uncommitted files inside them
 
 
-def inspect_checkout(path: Path) -> CheckoutInfo | None:
-    """Inspect a local git checkout without writing to it (no index refresh); None if not a repo."""
-    import git as gitpython  # GitPython: only imported here
+def _user_git(cwd: Path, args: list[str], *extra: str) -> Result:
+    """git in the user's checkout: isolated config, every command-running setting switched off,
+    no optional locks (nothing is written there)."""
+    return run(["git", *GIT_CONFIG_ARGS, *args, "--no-optional-locks", *extra], cwd, check=False)
 
-    try:
-        repo = gitpython.Repo(os.fspath(path), search_parent_directories=True)
-    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError):
-        return None
-    if repo.bare or repo.working_tree_dir is None:
-        return None
-    top = Path(repo.working_tree_dir)
-    try:
-        head = repo.head.commit.hexsha
-    except ValueError:
-        head = None
-    env = {k: v for k, v in isolated_env().items() if k.startswith(("GIT_", "LC_"))}
-    # GitPython merges os.environ: pin the repository so an outside GIT_DIR/GIT_INDEX_FILE cannot redirect it
-    env.update(GIT_DIR=str(repo.git_dir), GIT_WORK_TREE=str(top),
-               GIT_INDEX_FILE=os.path.join(str(repo.git_dir), "index"))
-    with repo.git.custom_environment(**env):
-        raw = repo.git.execute(
-            ["git", "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
-             "--ignore-submodules=dirty"],
-            strip_newline_in_stdout=False,
-        )
-    assert isinstance(raw, str)
-    changed: list[str] = []
-    deleted: list[str] = []
-    items = raw.split("\0")
+
+def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: list[str], depth: int = 0) -> None:
+    args = neutralizing_args(top)
+    res = _user_git(top, args, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=dirty")
+    if not res.ok:
+        raise CommandError(f"git status failed in {top}", where=str(top), details=_tail(res.stderr),
+                           hint=f"check the checkout with `git -C {top} status`")
+    items = res.stdout.split("\0")
     i = 0
+    before = len(changed) + len(deleted)
     while i < len(items):
         entry = items[i]
         i += 1
@@ -307,8 +504,41 @@ def inspect_checkout(path: Path) -> CheckoutInfo | None:
         if code[0] in "RC":
             i += 1  # skip the source path of a rename
         if "D" in code and code[0] not in "RC":
-            deleted.append(rel)
+            deleted.append(prefix + rel)
         else:
-            changed.append(rel)
-    return CheckoutInfo(toplevel=top, head=head, uncommitted=tuple(sorted(changed)),
-                        deleted=tuple(sorted(deleted)))
+            changed.append(prefix + rel)
+    if prefix and len(changed) + len(deleted) > before:
+        subs.append(prefix.rstrip("/"))
+    if depth > 8:
+        return
+    listing = _user_git(top, args, "ls-files", "-s", "-z")
+    for item in listing.stdout.split("\0"):
+        if item.startswith("160000 "):
+            sub = item.split("\t", 1)[1]
+            if (top / sub / ".git").exists():
+                _wip(top / sub, f"{prefix}{sub}/", changed, deleted, subs, depth + 1)
+
+
+def inspect_checkout(path: Path) -> CheckoutInfo | None:
+    """Inspect a local git checkout without writing to it (no index refresh, no optional locks, no
+    filter, hook or fsmonitor run), its submodules' uncommitted files included; None if not a
+    work tree of a repository."""
+    if not Path(path).is_dir():
+        return None
+    res = _user_git(Path(path), [], "rev-parse", "--is-bare-repository", "--show-toplevel", "--absolute-git-dir",
+                    "--git-common-dir")
+    lines = res.stdout.splitlines()
+    if not res.ok or len(lines) < 4 or lines[0] == "true":
+        return None
+    top = Path(lines[1])
+    git_dir = Path(lines[2])
+    common = Path(lines[3]) if Path(lines[3]).is_absolute() else (Path(path) / lines[3])
+    head_res = _user_git(top, [], "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    head = head_res.stdout.strip() or None if head_res.ok else None
+    changed: list[str] = []
+    deleted: list[str] = []
+    subs: list[str] = []
+    _wip(top, "", changed, deleted, subs)
+    return CheckoutInfo(toplevel=top, head=head, uncommitted=tuple(sorted(changed)), deleted=tuple(sorted(deleted)),
+                        git_dir=Path(os.path.realpath(git_dir)), common_dir=Path(os.path.realpath(common)),
+                        submodules_wip=tuple(sorted(subs)))

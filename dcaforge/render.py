@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import posixpath
 import re
 import stat
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import jinja2
+from jinja2.sandbox import SecurityError
 
+from . import confine, sandbox
 from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
@@ -31,6 +34,9 @@ from .git import git, rev_parse, status_porcelain
 from .yamlio import Reader, load_yaml
 
 ACTIONS = ("insert_before", "insert_after", "replace")
+#: What an edit's paths are relative to: llama.cpp's folder (default) or the clean room's root
+#: (e.g. llamafile's GPU library script, llamafile/cuda.sh, beside llama.cpp/).
+BASES = ("llama_cpp_dir", "room")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class EditSpec:
     when: str | None = None
     alternatives: tuple[AltSpec, ...] = ()
     text_file: str | None = None  # the body's template, relative to the feature folder
+    base: str = "llama_cpp_dir"  # or "room": file and when_exists are relative to the clean room's root
 
 
 @dataclass(frozen=True)
@@ -98,8 +105,10 @@ def _mode(r: Reader, value: Any) -> int | None:
 
 def _relpath(r: Reader, key: str, value: str) -> str:
     p = PurePosixPath(value)
-    if p.is_absolute() or ".." in p.parts or not value.strip():
-        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}")
+    problem = confine.path_problem(value)
+    if problem:
+        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}, which {problem}",
+                      hint="name a file of the tree relative to llama_cpp_dir, e.g. src/llama-dca.cpp")
     return p.as_posix()
 
 
@@ -200,7 +209,11 @@ def load_manifest(folder: Path) -> Manifest:
     for i, item in enumerate(top.get("edits", list, default=[])):
         line = top.list_lines("edits")[i]
         r = Reader(item, file, f"edits[{i}]", line)
-        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives"})
+        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives",
+                      "base"})
+        base = r.get("base", str, default="llama_cpp_dir")
+        if base not in BASES:
+            raise r.error("base", f"'{r.key('base')}' must be one of {', '.join(BASES)}, got {base!r}")
         target = r.get("file", (str, list), required=True)
         cands = [target] if isinstance(target, str) else list(target)
         if not cands or not all(isinstance(c, str) for c in cands):
@@ -222,7 +235,8 @@ def load_manifest(folder: Path) -> Manifest:
         edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
                               when_exists=_relpath(r, "when_exists", when) if when else None,
                               anchor=anchor, count=count, action=action or "",
-                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file))
+                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file,
+                              base=base))
     return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
 
 
@@ -364,30 +378,51 @@ class TreeFacts:
         self._prefix = prefix
         self._texts: dict[str, str | None] = {}
 
-    def has(self, path: str) -> bool:
-        """The file or folder exists."""
-        return self._tree.exists(self._prefix + path)
+    @staticmethod
+    def _check(path: Any) -> None:
+        problem = confine.path_problem(path) if isinstance(path, str) else "is not a string"
+        if problem:
+            raise SecurityError(f"tree: the path {path!r} {problem}")
 
-    def text(self, path: str) -> str | None:
+    def _full(self, path: str, root: bool) -> str | None:
+        self._check(path)
+        full = posixpath.normpath(path if root else self._prefix + path)
+        return None if full.startswith("../") or full == ".." or full.startswith("/") else full
+
+    def has(self, path: str, root: bool = False) -> bool:
+        """The file or folder exists (``root=True``: ``path`` is relative to the clean room's root)."""
+        full = self._full(path, root)
+        return full is not None and self._tree.exists(full)
+
+    def text(self, path: str, root: bool = False) -> str | None:
         """The file's text, or None when it is absent (or not UTF-8)."""
-        if path not in self._texts:
-            full = self._prefix + path
+        full = self._full(path, root)
+        if full is None:
+            return None
+        if full not in self._texts:
             try:
-                self._texts[path] = self._tree.read(full).decode("utf-8") if self._tree.is_file(full) else None
+                self._texts[full] = self._tree.read(full).decode("utf-8") if self._tree.is_file(full) else None
             except UnicodeDecodeError:
-                self._texts[path] = None
-        return self._texts[path]
+                self._texts[full] = None
+        return self._texts[full]
 
-    def contains(self, path: str, text: str) -> bool:
+    def contains(self, path: str, text: str, root: bool = False) -> bool:
         """The file exists and holds ``text`` (a literal string, not a regex)."""
-        got = self.text(path)
+        got = self.text(path, root)
         return got is not None and text in got
 
+    def matches(self, path: str, regex: str, root: bool = False) -> bool:
+        """The file exists and the Python regex ``regex`` matches somewhere in it (MULTILINE)."""
+        got = self.text(path, root)
+        return got is not None and re.search(regex, got, re.MULTILINE) is not None
+
     def __repr__(self) -> str:
-        return "tree (has(path), contains(path, text))"
+        return "tree (has(path), contains(path, text), matches(path, regex); root=True: from the room's root)"
 
 
-CONTEXT_HINT = "the context has: vars, marker, marker_comment, feature, llama_cpp_dir, tree (tree.has(path), tree.contains(path, text))"
+CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, marker, marker_comment, feature, llama_cpp_dir, "
+                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), each with root=True for "
+                "room-relative paths)), then run the command again")
 
 
 def _prefix(cfg: Config) -> str:
@@ -406,31 +441,15 @@ def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     }
 
 
-class _FolderLoader(jinja2.FileSystemLoader):
-    """The feature folder's templates, and nothing a link inside it points to outside of it (a
-    ``text_file``, a ``files:`` template or an ``{% include %}``)."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(str(folder))
-        self.folder = folder.resolve()
-
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
-        source, filename, uptodate = super().get_source(environment, template)
-        if not Path(filename).resolve().is_relative_to(self.folder):
-            raise ConfigError(f"template {template!r} leads out of the feature folder (to {Path(filename).resolve()})",
-                              where=filename, hint="templates must live inside the feature folder: copy the file "
-                                                   "there instead of linking it")
-        return source, filename, uptodate
-
-
 def _env(folder: Path) -> jinja2.Environment:
-    return jinja2.Environment(loader=_FolderLoader(folder), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    """Jinja's ImmutableSandboxedEnvironment, bounded (see :mod:`dcaforge.sandbox`); it loads templates (and
+    includes) only from files whose real path is inside the feature folder."""
+    return sandbox.environment(folder)
 
 
 def _render_str(env: jinja2.Environment, source: str, ctx: dict[str, Any], where: str) -> str:
     try:
-        return env.from_string(source).render(ctx)
+        return sandbox.render(env.from_string(source), ctx)
     except jinja2.TemplateError as exc:
         raise ConfigError(f"template error: {exc}", where=where,
                           hint=CONTEXT_HINT) from None
@@ -459,7 +478,7 @@ def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], fo
     path = folder / template
     also = f" (the body of {used_by})" if used_by else ""
     try:
-        return env.get_template(template).render(ctx)
+        return sandbox.render(env.get_template(template), ctx)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"template syntax error: {exc.message}{also}", where=f"{path}:{exc.lineno}") from None
     except jinja2.TemplateError as exc:
@@ -473,6 +492,7 @@ def _true(env: jinja2.Environment, when: str | None, ctx: dict[str, Any], where:
     if when is None:
         return True
     try:
+        sandbox.restart_clock(env)
         return bool(env.compile_expression(when)(**ctx))
     except jinja2.TemplateError as exc:
         raise ConfigError(f"'when: {when}' failed: {exc}", where=where, hint=CONTEXT_HINT) from None
@@ -525,8 +545,8 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
     outputs: dict[str, tuple[bytes, int]] = {}
     files_report: list[tuple[str, str]] = []
 
-    def exists(rel: str) -> bool:
-        return (prefix + rel) in outputs or tree.exists(prefix + rel)
+    def exists(rel: str, pre: str = prefix) -> bool:
+        return (pre + rel) in outputs or tree.exists(pre + rel)
 
     for spec in manifest.files:
         if spec.when_exists and not exists(spec.when_exists):
@@ -542,12 +562,14 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
         files_report.append((spec.dest, "rendered"))
 
     texts: dict[str, str] = {}
+    pristine: dict[str, str] = {}  # each file before this render's edits: where the closest lines come from
     reports: list[EditReport] = []
     for edit in manifest.edits:
         rep = EditReport(index=edit.index, manifest_line=edit.line, action=edit.action, anchor=edit.anchor,
                          count=edit.count)
         reports.append(rep)
-        if edit.when_exists and not exists(edit.when_exists):
+        pre = "" if edit.base == "room" else prefix
+        if edit.when_exists and not exists(edit.when_exists, pre):
             rep.status = "skipped"
             rep.note = f"{edit.when_exists} does not exist"
             continue
@@ -555,7 +577,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             rep.status = "skipped"
             rep.note = f"when: {edit.when}"
             continue
-        chosen = next((c for c in edit.files if exists(c)), None)
+        chosen = next((c for c in edit.files if exists(c, pre)), None)
         if chosen is None:
             rep.status = "no-file"
             rep.note = "none of " + ", ".join(edit.files) + " exists"
@@ -566,7 +588,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:' or 'when:'")
             continue
         rep.file = chosen
-        full = prefix + chosen
+        full = pre + chosen
         if full not in texts:
             if full in outputs:
                 texts[full] = outputs[full][0].decode("utf-8")
@@ -576,6 +598,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                 except UnicodeDecodeError as exc:
                     raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
                                       where=manifest.where(edit.line)) from None
+            pristine[full] = texts[full]
         text = texts[full]
         fitted = None
         for variant, anchor, action, count, body_src, when, line in _variants(edit):
@@ -593,7 +616,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                 rep.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
                 rep.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
                 break
-            rep.tried.append((variant, anchor, 0, closest_lines(text, anchor)))
+            rep.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
         if fitted is None:
             if rep.status != "ambiguous":
                 rep.status = "missing"
@@ -657,10 +680,16 @@ class CheckResult:
     tree: str
     edits: list[EditReport]
     files: list[tuple[str, str]]
+    misfits: list[Any] = field(default_factory=list)  # drift.Misfit: why each edit that does not fit fails
+    wiring: Any = None  # wiring.WiringReport: whether the build compiles and links every added source
+
+    @property
+    def anchors_ok(self) -> bool:
+        return all(e.fits for e in self.edits)
 
     @property
     def ok(self) -> bool:
-        return all(e.fits for e in self.edits)
+        return self.anchors_ok and (self.wiring is None or self.wiring.ok)
 
 
 def _sha(data: bytes) -> str:
@@ -699,8 +728,17 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
                             where=str(room.path), hint="dcaforge apply --continue")
     tree = GitTree(room.path, baseline)
-    p = plan(cfg, tree, manifest)
+    try:
+        p = plan(cfg, tree, manifest)
+    except DcaforgeError as exc:
+        room.update_state(render_error=exc.message)  # capture refuses a room whose render stopped
+        raise
     state = room.load_state()
+    previous_paths = set(state.get("rendered") or {})
+    for rel in sorted(set(p.outputs) | previous_paths):  # every path checked before the first write
+        confine.resolve_in(room.path, rel, what="render target", where=f"{manifest.path} -> {room.path / rel}",
+                           hint="fix the manifest's dest/file (a path under llama_cpp_dir), or remove the symlink from "
+                                "the tree; nothing was written")
     previous: dict[str, str] = state.get("rendered") or {}
     touched = set(p.outputs) | set(previous)
     if not force:
@@ -735,7 +773,7 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         elif dest.exists() or dest.is_symlink():
             os.unlink(dest)
         result.restored.append(rel)
-    room.update_state(rendered=new_hashes, rendering=None,
+    room.update_state(rendered=new_hashes, rendering=None, render_error=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
 
@@ -765,4 +803,10 @@ def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
                                 hint="dcaforge apply --continue")
         tree, label = GitTree(room.path, baseline), f"{room.path} @ {BASELINE_TAG}"
     p = plan(cfg, tree, manifest, check=True)
-    return CheckResult(tree=label, edits=p.edits, files=p.files)
+    from .drift import classify
+    from .wiring import check_wiring
+
+    res = CheckResult(tree=label, edits=p.edits, files=p.files)
+    res.misfits = classify(res, tree, _prefix(cfg), {e.index: e.files for e in manifest.edits})
+    res.wiring = check_wiring(cfg, tree, p.outputs)
+    return res

@@ -18,15 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import confine
 from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
-from .errors import CommandError, ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import git, git_out, patch_cmd, rev_parse, status_porcelain
+from .errors import CommandError, ConfigError, DcaforgeError, InterruptedRun, MismatchError, SafetyError
+from .git import git, git_out, patch_cmd, repair_repo_config, rev_parse, status_porcelain
 from .source import BaseSource, prepare
 
 _NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
 TRAILER = "dcaforge-patch"
+#: Larger patch files are refused before they are read (the whole llamafile series is a few MiB).
+MAX_PATCH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,15 @@ class Hunk:
 
 def _load_patch(path: Path, name: str) -> Patch:
     try:
+        size = path.stat().st_size
+        if size > MAX_PATCH_BYTES:
+            raise ConfigError(f"patch {name} is {size / 2**20:.0f} MiB, more than dcaforge reads "
+                              f"({MAX_PATCH_BYTES // 2**20} MiB)", where=str(path),
+                              hint="split it into several patches, or check that it is the file you meant")
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path)) from None
+        raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path),
+                          hint=f"check that {path} is a readable file") from None
     m = _NUMBERED.match(path.name)
     style = "git" if re.search(rb"^diff --git ", data, re.MULTILINE) else "gnu"
     return Patch(name=name, path=path, number=int(m.group(1)) if m else None, style=style,
@@ -75,7 +84,13 @@ def discover(cfg: Config) -> list[Patch]:
             raise ConfigError(f"series file not found: {sfile}", where="series.file",
                               hint=f"create {sfile} listing one patch per line, or use series.range")
         out: list[Patch] = []
-        for lineno, raw in enumerate(sfile.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = sfile.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad_line = sfile.read_bytes()[:exc.start].count(b"\n") + 1
+            raise ConfigError(f"the series file is not UTF-8 text (byte {exc.object[exc.start]:#04x})",
+                              where=f"{sfile}:{bad_line}", hint="save it as UTF-8: one patch file name per line") from None
+        for lineno, raw in enumerate(text.splitlines(), 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
@@ -83,6 +98,10 @@ def discover(cfg: Config) -> list[Patch]:
             if any(o != "-p1" for o in opts):
                 raise ConfigError(f"unsupported option in series file: {' '.join(opts)}",
                                   where=f"{sfile}:{lineno}", hint="only -p1 patches are supported")
+            problem = confine.path_problem(name)
+            if problem:
+                raise ConfigError(f"the series file names {name!r}, which {problem}", where=f"{sfile}:{lineno}",
+                                  hint=f"list patch files of {sdir} by their names relative to it")
             p = sdir / name
             if not p.is_file():
                 raise ConfigError(f"patch listed in the series file does not exist: {name}",
@@ -236,11 +255,99 @@ def _preimages_exist(room: Path, patch: Patch) -> bool:
     return res.ok and "missing" not in res.stdout
 
 
+# --- what a patch may touch ------------------------------------------------------------------
+
+def confine_hint(patch: Patch, resume: bool) -> str:
+    then = "`dcaforge apply --continue`" if resume else "`dcaforge apply` again"
+    return (f"fix or remove {patch.path} (a patch may only change files of the tree, never git's own files or "
+            f"anything outside it), then run {then}")
+
+
+def read_patch(patch: Patch, strip: int = 1) -> confine.ParsedPatch:
+    try:
+        return confine.parse_patch(patch.path.read_bytes(), strip)
+    except OSError as exc:
+        raise ConfigError(f"cannot read patch {patch.name}: {exc.strerror}", where=str(patch.path),
+                          hint=f"check that {patch.path} is a readable file") from None
+
+
+def check_series(patches: list[Patch], strip: int = 1) -> None:
+    """What can be checked of a series before anything is made or applied: every path each patch
+    names (:mod:`confine`), no empty patch, no patch twice (same content under two names)."""
+    seen: dict[str, Patch] = {}
+    for patch in patches:
+        parsed = read_patch(patch, strip)
+        confine.check_patch_text(confine.PatchRef(patch.name, patch.path), parsed, confine_hint(patch, resume=False))
+        if not any(e.hunks or e.binary or e.modes or any(p.role.startswith(("rename", "copy")) for p in e.paths)
+                   for e in parsed.entries):
+            raise ConfigError(f"patch {patch.name} is empty: it changes no file", where=str(patch.path),
+                              hint=f"remove {patch.path} from the series (or fill it), then run `dcaforge apply` again")
+        key = hashlib.sha256(parsed.body).hexdigest()
+        if key in seen:
+            first = seen[key]
+            raise ConfigError(f"patches {first.name} and {patch.name} make the same change (same content)",
+                              where=f"{first.path} and {patch.path}",
+                              hint="keep one of them in the series (the second would apply as nothing or conflict), "
+                                   "then run `dcaforge apply` again")
+        seen[key] = patch
+
+
+def _numstat_names(out: bytes) -> list[str]:
+    """Paths of ``git apply --numstat -z`` (a rename gives both)."""
+    items = out.split(b"\0")
+    names: list[str] = []
+    i = 0
+    while i < len(items):
+        item = items[i]
+        i += 1
+        if not item:
+            continue
+        fields = item.split(b"\t", 2)
+        if len(fields) == 3 and fields[2]:
+            names.append(fields[2].decode("utf-8", "surrogateescape"))
+        elif len(fields) == 3:  # a rename: the two names follow
+            names += [x.decode("utf-8", "surrogateescape") for x in items[i:i + 2]]
+            i += 2
+    return names
+
+
+_GNU_NAME = re.compile(r"^(?:checking|patching) (?:file|symbolic link) (.+?)(?: \((?:renamed|copied) from (.+)\))?"
+                       r"(?: \(read-only\))?$")
+
+
+def gnu_names(output: str) -> list[str]:
+    """The files GNU patch says it checks or patches (QUOTING_STYLE=literal: names as they are)."""
+    names: list[str] = []
+    for line in output.splitlines():
+        m = _GNU_NAME.match(line)
+        if m:
+            names += [n for n in m.groups() if n]
+    return names
+
+
+def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = True) -> confine.ParsedPatch:
+    """Refuse ``patch`` (before it is applied to ``room``) when a path it names is not a file of the
+    tree: as text, and as resolved in the room's tree as it is now (symlinks followed); for a git
+    patch, git's own reading of it (``git apply --numstat``) must name nothing else."""
+    hint = confine_hint(patch, resume)
+    ref = confine.PatchRef(patch.name, patch.path)
+    parsed = read_patch(patch, strip)
+    confine.check_patch_text(ref, parsed, hint)
+    confine.check_patch_tree(ref, parsed, room, hint)
+    if patch.style == "git":
+        res = git(room, "apply", "--numstat", "-z", str(patch.path), check=False)
+        if res.ok:
+            confine.check_tool_paths(ref, parsed, "git apply", _numstat_names(res.stdout_bytes), hint)
+    return parsed
+
+
 def apply_one(room: Path, patch: Patch) -> tuple[Failure | None, str]:
-    """Apply ``patch`` to the work tree and index of ``room`` (not committed).
+    """Apply ``patch`` to the work tree and index of ``room`` (not committed), once
+    :func:`confine_patch` found every path it names inside the tree.
 
     Returns (failure, method); on failure nothing was changed that a reset would not undo.
     """
+    parsed = confine_patch(room, patch)
     if patch.style == "git":
         res = git(room, "apply", "--index", "--whitespace=nowarn", str(patch.path), check=False)
         if res.ok:
@@ -254,15 +361,16 @@ def apply_one(room: Path, patch: Patch) -> tuple[Failure | None, str]:
                            fail.reason + "\n3-way merge: " + (three.stderr.strip() or "conflicts")), "git apply --3way"
         return _git_failure(patch, res.stderr), "git apply"
     dry = patch_cmd(room, patch.path, dry_run=True)
+    confine.check_tool_paths(confine.PatchRef(patch.name, patch.path), parsed, "GNU patch", gnu_names(dry.stdout),
+                             confine_hint(patch, resume=True))
     if not dry.ok:
         return _gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
     real = patch_cmd(room, patch.path, dry_run=False)
     if not real.ok:
         return _gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
-    touched = sorted({h.file for h in parse_hunks(patch.path.read_text(encoding="utf-8", errors="replace"))
-                      if h.file not in ("?", "/dev/null")})
-    # stage what the patch touched (all of the tree when it names no file we could parse)
-    git(room, "add", "-A", "--", *(touched or ["."]))
+    touched = sorted(set(gnu_names(real.stdout)))
+    # stage what the patch touched (all of the tree when GNU patch named no file)
+    git(room, "--literal-pathspecs", "add", "-A", "--", *(touched or ["."]))
     return None, "patch -p1"
 
 
@@ -275,7 +383,7 @@ def commit_message(patch: Patch, note: str = "") -> str:
 
 def applied_names(room: Path) -> list[str]:
     """Names of the patches committed on top of the start tag, in order."""
-    out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD")
+    out = git_out(room, "log", "--reverse", "--format=%B%x00", f"{START_TAG}..HEAD", "--")
     names = []
     for body in out.split("\0"):
         m = re.search(rf"^{TRAILER}: (.+)$", body, re.MULTILINE)
@@ -327,29 +435,47 @@ def _failure_error(fail: Failure, room: Path, index: int, total: int) -> Mismatc
     )
 
 
-def _copy_wip(base: BaseSource, room: Path) -> list[str]:
+def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
+    """Copy the source checkout's uncommitted files (its submodules' included, when the room has
+    their files) into the new room; every destination confined to the room's tree."""
     info = base.checkout
     if info is None:
         return []
     copied: list[str] = []
+    hint = "commit or remove that file in the source checkout, or make the room without --include-wip"
+    skipped_subs: set[str] = set()
     for rel in info.uncommitted:
-        src = info.toplevel / rel
-        dst = room / rel
-        if src.is_dir() and not src.is_symlink():
+        sub = next((s for s in info.submodules_wip if rel.startswith(s + "/")), None)
+        if sub is not None and (not (room / sub).is_dir() or not any((room / sub).iterdir())):
+            skipped_subs.add(sub)
             continue
+        src = info.toplevel / rel
+        if src.is_dir() and not src.is_symlink():
+            continue  # a submodule at another commit (its files are listed one by one when they differ)
+        dst = confine.resolve_in(room, rel, what="uncommitted file", where=f"{src} (--include-wip)", hint=hint)
         dst.parent.mkdir(parents=True, exist_ok=True)
         if dst.is_symlink() or dst.exists():
             dst.unlink()
         if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
+            target = os.readlink(src)
+            problem = confine.symlink_target_problem(rel, target)
+            if problem:
+                raise SafetyError(f"uncommitted symlink {rel} {problem}; refusing to copy it", where=str(src), hint=hint)
+            os.symlink(target, dst)
         else:
             shutil.copy2(src, dst)  # reads the source, writes only the room
         copied.append(rel)
     for rel in info.deleted:
-        dst = room / rel
+        if any(rel.startswith(s + "/") for s in skipped_subs):
+            continue
+        dst = confine.resolve_in(room, rel, what="file deleted in the source checkout", where=f"{info.toplevel / rel}",
+                                 hint=hint)
         if dst.is_file() or dst.is_symlink():
             dst.unlink()
             copied.append(rel)
+    for sub in sorted(skipped_subs):
+        notes.append(f"--include-wip: left out the uncommitted files of submodule {sub} (the clean room does not "
+                     "check out submodules: set source.submodules)")
     return copied
 
 
@@ -372,8 +498,11 @@ def _flatten_submodules(room: Path) -> list[str]:
 
 
 def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result: ApplyResult,
-            hooks: ApplyHooks) -> None:
+            hooks: ApplyHooks, trust: bool) -> None:
+    from . import trust as consent
+
     room.check_can_create()
+    trusted = consent.require(cfg, trust)  # before anything is made: a refusal leaves nothing behind
     room.workspace.mkdir(parents=True, exist_ok=True)
     tmp = room.workspace / f".{room.path.name}.creating"
     if tmp.exists():
@@ -384,14 +513,14 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
         clone = ["clone", "-q", "--no-checkout"]
         if base.checkout is not None:
             clone.append("--no-hardlinks")  # never share inodes with the user's repository
-        git(room.workspace, *clone, base.clone_url, str(tmp),
+        git(room.workspace, *clone, "--", base.clone_url, str(tmp),
             hint="check source.git / source.ref in the config")
         commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
         if commit is None:
             raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
                               hint=f"git ls-remote {base.clone_url}")
         step(f"checking out {commit[:12]}")
-        git(tmp, "checkout", "-q", "--detach", commit)
+        git(tmp, "checkout", "-q", "--detach", commit, "--")
         if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
             result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
                                 "(a branch or tag can move)")
@@ -403,16 +532,26 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
             for sub, local in sorted(subs.local.items()):
                 result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
             result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))
-        if not (tmp / cfg.llama_cpp_dir).is_dir():
-            raise ConfigError(f"llama_cpp_dir {cfg.llama_cpp_dir!r} is not a folder of the source tree",
-                              where=f"llama_cpp_dir in {cfg.describe()}")
+        _check_llama_cpp_dir(cfg, tmp)
         (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
         if include_wip:
-            result.wip_included = _copy_wip(base, tmp)
+            result.wip_included = _copy_wip(base, tmp, result.notes)
             git(tmp, "add", "-A", ".")
             git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
                 "dcaforge: uncommitted work copied from the source checkout\n")
+        if trusted is not None:
+            cmds = consent.commands(cfg)
+            step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
+                 f"(trusted: {trusted.why}):")
+            for c in cmds:
+                for k, line in enumerate(consent.full_text(c).splitlines()):
+                    step(("  $ " if k == 0 else "    ") + line)
         boot = run_bootstrap(cfg, tmp, on_step=step)
+        removed = repair_repo_config(tmp / ".git")
+        if removed:
+            result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
+                                f"commands: {', '.join(removed)}")
+        _check_llama_cpp_dir(cfg, tmp)
         if boot.patches:
             n = len(boot.patches)
             result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
@@ -439,6 +578,16 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     result.created = True
+
+
+def _check_llama_cpp_dir(cfg: Config, tree: Path) -> None:
+    where = f"llama_cpp_dir in {cfg.describe()}"
+    hint = "set llama_cpp_dir to the folder of the tree that holds llama.cpp (`.` when it is the whole tree)"
+    if cfg.llama_cpp_dir not in ("", "."):
+        confine.resolve_in(tree, cfg.llama_cpp_dir, what="llama_cpp_dir", where=where, hint=hint)
+    if not (tree / cfg.llama_cpp_dir).is_dir():
+        raise ConfigError(f"llama_cpp_dir {cfg.llama_cpp_dir!r} is not a folder of the source tree", where=where,
+                          hint=hint)
 
 
 def _bootstrap_record(cfg: Config) -> list[Any]:
@@ -471,29 +620,78 @@ def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
     return hand_edited_files(room, state)
 
 
+_NEXT_AFTER_INTERRUPT = {
+    "preparing": "nothing was changed; run `dcaforge apply` again",
+    "creating": "nothing was made (the partial clean room was removed); run `dcaforge apply` again",
+    "resetting": "run `dcaforge apply --continue`: it finishes the reset, then applies the series",
+    "applying": "the clean room is at the last completed patch; `dcaforge apply --continue` resumes from there",
+    "rendering": "the series is applied; run `dcaforge apply --continue` to render the feature again",
+}
+
+
 def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: bool = False,
-          render: bool = True, hooks: ApplyHooks | None = None) -> ApplyResult:
+          render: bool = True, hooks: ApplyHooks | None = None, trust: bool = False) -> ApplyResult:
     """``dcaforge apply``: make or refresh the clean room, apply the series, tag the baseline,
-    render the feature."""
+    render the feature. ``trust``: the config's bootstrap commands may run (see :mod:`dcaforge.trust`).
+
+    An interrupt (Ctrl-C, SIGTERM) leaves the room at its last completed step and raises
+    :class:`InterruptedRun`, whose hint is the command that carries on; after a hard kill,
+    ``apply --continue`` carries on from wherever the room is (and starts when no room was made)."""
     hooks = hooks or ApplyHooks()
     if fresh and cont:
         raise DcaforgeError("--fresh and --continue exclude each other", hint="dcaforge apply --fresh")
-    patches = discover(cfg)  # check first: the series is readable
+    stage = ["preparing"]
+    try:
+        return _apply(cfg, fresh, cont, include_wip, render, hooks, trust, stage)
+    except InterruptedRun:
+        raise
+    except KeyboardInterrupt:
+        what = {"preparing": "preparing the source", "creating": "making the clean room",
+                "resetting": "resetting the clean room", "applying": "applying the series",
+                "rendering": "rendering the feature"}[stage[0]]
+        raise InterruptedRun(f"stopped while {what}", where=str(cfg.room),
+                             hint=_NEXT_AFTER_INTERRUPT[stage[0]]) from None
+
+
+def _reset_to_start(room: Room, state: dict[str, Any]) -> None:
+    """Back to the start commit, every other file (ignored ones included) removed; recorded as
+    ``resetting`` first, so an interrupted reset is done again by the next apply."""
+    keep = {k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules") if k in state}
+    room.save_state(keep | {"phase": "resetting"})
+    git(room.path, "tag", "-d", BASELINE_TAG, check=False)
+    room.reset_hard(START_TAG, everything=True)
+    room.save_state(keep | {"phase": "created"})
+
+
+def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool, hooks: ApplyHooks, trust: bool,
+           stage: list[str]) -> ApplyResult:
+    patches = discover(cfg)  # check first: the series is readable, and names nothing outside the tree
+    check_series(patches)
     room = Room.of(cfg)
-    base = prepare(cfg)
+    base = prepare(cfg, trust)
     result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
     if base.checkout is not None:
         result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)
+        for sub in base.checkout.submodules_wip:
+            result.notes.append(f"the source's submodule {sub} has uncommitted files"
+                                + (" (--include-wip copies them)" if not include_wip else ""))
     with locked(room):
         if room.exists() and room.is_ours():
-            state = room.load_state()
-            if fresh and _can_reset(cfg, state, base, include_wip):
+            try:
+                state = room.load_state()
+            except DcaforgeError:
+                if not fresh:
+                    raise
+                state = {}  # --fresh makes it again
+            if state.get("phase") == "resetting":
+                stage[0] = "resetting"
+                _reset_to_start(room, state)
+                result.notes.append("finished an interrupted reset of the clean room to its start commit")
+            elif fresh and _can_reset(cfg, state, base, include_wip):
                 # same base, bootstrap and no wip: back to the start commit, every other file
                 # (ignored ones included) removed; much faster than a new clone and checkout
-                room.reset_hard(START_TAG, everything=True)
-                git(room.path, "tag", "-d", BASELINE_TAG, check=False)
-                room.save_state({k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules")
-                                 if k in state} | {"phase": "created"})
+                stage[0] = "resetting"
+                _reset_to_start(room, state)
                 result.notes.append("fresh: reset the clean room to its start commit")
             elif fresh or state.get("phase") in (None, "creating"):
                 room.delete()
@@ -501,10 +699,12 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                 raise SafetyError("--include-wip only applies when the clean room is made",
                                   where=str(room.path), hint="dcaforge apply --fresh --include-wip")
         elif cont:
-            raise DcaforgeError("nothing to continue: there is no clean room yet", where=str(room.path),
-                                hint="dcaforge apply")
+            result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
+            cont = False
         if not room.is_ours():
-            _create(cfg, room, base, include_wip, result, hooks)
+            stage[0] = "creating"
+            _create(cfg, room, base, include_wip, result, hooks, trust)
+        stage[0] = "applying"
         state = room.load_state()
         result.start = state["start"]
         phase = state.get("phase")
@@ -528,6 +728,7 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                 result.skipped_to = len(patches)
                 result.baseline = state.get("baseline")
                 result.notes.append("series unchanged since the last apply")
+                stage[0] = "rendering"
                 return _finish(cfg, room, result, render, rebuilt=False)
             hand = _dirty_beyond_render(room, state)
             if hand:
@@ -536,6 +737,7 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                     f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
                     where=str(room.path),
                     hint="`dcaforge capture` them first, or `dcaforge apply --fresh` to discard them")
+            room.update_state(phase="applying")
             room.reset_hard(START_TAG)
             names = []
             result.notes.append("series changed: re-applied from the start")
@@ -573,6 +775,7 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
         git(room.path, "tag", "-f", BASELINE_TAG, baseline)
         room.update_state(phase="applied", baseline=baseline)
         result.baseline = baseline
+        stage[0] = "rendering"
         return _finish(cfg, room, result, render, rebuilt=True)
 
 
@@ -617,11 +820,12 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
         room.reset_hard("HEAD")
         room.update_state(phase="interrupted", failed=None)
         raise
-    except CommandError:
+    except (CommandError, SafetyError, ConfigError) as exc:
+        # a command failed, or the patch names a path outside the tree (nothing of it was applied)
         move_head()
         room.reset_hard("HEAD")
         room.update_state(phase="failed", failed={"patch": patches[i].name, "index": i, "file": None,
-                                                  "hunk": None, "reason": "command failed"})
+                                                  "hunk": None, "reason": exc.message})
         raise
 
 

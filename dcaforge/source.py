@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,16 +61,21 @@ def import_message(src: PypiSource) -> str:
     return f"dcaforge: import {src.requirement} ({src.subdir})\n"
 
 
-def download_sdist(requirement: str, dest: Path) -> Path:
-    """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there)."""
+def download_sdist(requirement: str, dest: Path, may_run: Callable[[str], None] | None = None) -> Path:
+    """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there).
+
+    pip prepares an sdist's metadata by running its build backend (the package's own code), so a
+    download is a command: ``may_run(requirement)`` raises when the config is not trusted."""
     found = sorted(p for p in dest.glob("*") if p.name.endswith((".tar.gz", ".zip", ".tgz")))
     if found:
         return found[0]
+    if may_run is not None:
+        may_run(requirement)
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
     try:
         run([sys.executable, "-m", "pip", "download", "--no-deps",
-             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), requirement],
+             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), "--", requirement],
             dest, what=f"pip download {requirement}",
             hint="check the requirement and your network or pip index; the sdist is cached after one success")
         got = sorted(p for p in tmp.iterdir() if p.name.endswith((".tar.gz", ".zip", ".tgz")))
@@ -109,22 +115,23 @@ def _drop_nested_git(tree: Path) -> None:
             dirnames.remove(".git")
 
 
-def prepare_pypi(src: PypiSource) -> BaseSource:
-    """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository."""
+def prepare_pypi(src: PypiSource, may_run: Callable[[str], None] | None = None) -> BaseSource:
+    """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository
+    (``may_run``: see :func:`download_sdist`)."""
     root = cache_root()
     key = _key(src)
     bare = root / "bases" / f"{key}.git"
     bare.parent.mkdir(parents=True, exist_ok=True)
     with open(bare.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs importing the same sdist take turns
-        return _prepare_pypi_locked(src, root, bare)
+        return _prepare_pypi_locked(src, root, bare, may_run)
 
 
-def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path) -> BaseSource:
+def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Callable[[str], None] | None) -> BaseSource:
     if (bare / "dcaforge-import-done").is_file():
         commit = (bare / "dcaforge-import-done").read_text().strip()
         return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
-    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement))
+    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement), may_run)
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="import-", dir=root / "tmp"))
     try:
@@ -161,25 +168,49 @@ def prepare_git(src: GitSource) -> BaseSource:
                               hint="point source.git at a git checkout or a URL")
         checkout = inspect_checkout(local)
         if checkout is None:
-            raise ConfigError(f"source path is not a git checkout: {src.url}", where="source.git",
-                              hint=f"git -C {src.url} status")
+            bare = (local / "HEAD").is_file() and (local / "objects").is_dir()
+            raise ConfigError(f"source path is not a git checkout: {src.url}" + (" (a bare repository)" if bare else ""),
+                              where="source.git",
+                              hint=f"to clone a bare repository, write it as a URL: `git: {local.as_uri()}`" if bare
+                              else f"point source.git at a checkout (see `git -C {src.url} status`) or a URL")
     return BaseSource(clone_url=src.url, ref=src.ref, description=src.describe(), checkout=checkout,
                       submodules=src.submodules)
 
 
-def prepare(cfg: Config) -> BaseSource:
-    base = prepare_pypi(cfg.source) if isinstance(cfg.source, PypiSource) else prepare_git(cfg.source)
+def prepare(cfg: Config, trust: bool = False) -> BaseSource:
+    """The source to clone from; a PyPI sdist that is not in the cache yet is downloaded only for a
+    trusted config (``trust``: --trust; see :mod:`dcaforge.trust`)."""
+    if isinstance(cfg.source, PypiSource):
+        from . import trust as consent
+
+        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req))
+    else:
+        base = prepare_git(cfg.source)
     check_workspace(cfg, base)
     return base
 
 
 def check_workspace(cfg: Config, base: BaseSource | None = None) -> None:
-    """Refuse a workspace inside the source checkout (it would dirty the user's tree)."""
+    """Refuse a workspace inside the source checkout, its git directory (a linked worktree's
+    common one and its main worktree included) or any git directory: it would dirty the user's tree."""
+    from .bookkeeping import _git_dir_above
+
+    for p in (cfg.workspace, cfg.room):
+        gitdir = _git_dir_above(Path(os.path.realpath(p)))
+        if gitdir is not None:
+            raise SafetyError(f"the clean-room workspace {cfg.workspace} is inside the git directory {gitdir}",
+                              where=f"cleanroom: in {cfg.describe()}",
+                              hint="set 'cleanroom:' to a folder outside git directories and the source checkout")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = base.checkout if base else inspect_checkout(cfg.source.local_path)
-        top = info.toplevel if info else cfg.source.local_path
-        if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
-            raise SafetyError(
-                f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",
-                where=f"cleanroom: in {cfg.describe()}",
-                hint="set 'cleanroom:' to a folder outside the source checkout")
+        tops = [info.toplevel if info else cfg.source.local_path]
+        if info is not None:
+            tops += [d for d in (info.git_dir, info.common_dir) if d is not None]
+            if info.common_dir is not None and info.common_dir.name == ".git":
+                tops.append(info.common_dir.parent)
+        for top in tops:
+            if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
+                raise SafetyError(
+                    f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",
+                    where=f"cleanroom: in {cfg.describe()}",
+                    hint="set 'cleanroom:' to a folder outside the source checkout")

@@ -1,4 +1,6 @@
-"""``dcaforge status``: where the clean room stands (reads only)."""
+"""``dcaforge status``: where the clean room stands (reads only; evaluates nothing a user wrote:
+no template, ``when:`` or bookkeeping row is rendered, and no git runs in a room whose
+.git/config could make it run a command)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from .capture import baseline_tree, tree_diff, worktree_tree
 from .cleanroom import Room
 from .config import Config, GitSource
 from .errors import DcaforgeError
-from .git import inspect_checkout
+from .git import config_problems, inspect_checkout
 from .render import hand_edited_files, manifest_digest
 from .series import _series_record, applied_names, discover
 
@@ -30,8 +32,11 @@ class StatusResult:
     baseline: str | None = None
     rendered: bool = False
     templates_changed: bool = False
+    render_error: str | None = None  # the last render stopped (capture refuses the room)
     dirty: list[str] = field(default_factory=list)  # hand edits beyond the last render
     source_uncommitted: list[str] = field(default_factory=list)
+    source_submodules_wip: list[str] = field(default_factory=list)  # submodules of the source with uncommitted files
+    unsafe_config: list[str] = field(default_factory=list)  # settings in the room's .git/config dcaforge refuses
     patch: str = ""
     patch_state: str = "unknown"  # fresh | stale | missing | unknown
 
@@ -47,6 +52,7 @@ def status(cfg: Config) -> StatusResult:
         info = inspect_checkout(cfg.source.local_path)
         if info is not None:
             res.source_uncommitted = list(info.uncommitted) + list(info.deleted)
+            res.source_submodules_wip = list(info.submodules_wip)
     patches = discover(cfg)
     res.series_total = len(patches)
     if not room.is_ours():
@@ -55,11 +61,15 @@ def status(cfg: Config) -> StatusResult:
     state = room.load_state()
     res.phase = state.get("phase")
     res.base_commit = state.get("base")
+    res.unsafe_config = config_problems(room.path / ".git" / "config")
+    if res.unsafe_config:
+        return res  # no git runs there until a command that takes the room has removed them
     res.series_changed = state.get("series") not in (None, _series_record(patches))
     res.failed = state.get("failed")
     res.series_applied = len(applied_names(room.path))
     res.baseline = state.get("baseline")
     res.rendered = bool(state.get("rendered"))
+    res.render_error = state.get("render_error")
     if res.rendered and (cfg.feature.templates / "manifest.yaml").is_file():
         res.templates_changed = state.get("templates_digest") != manifest_digest(cfg.feature.templates)
     res.dirty = hand_edited_files(room, state)
@@ -71,5 +81,7 @@ def status(cfg: Config) -> StatusResult:
         except DcaforgeError:
             res.patch_state = "unknown"
         else:
-            res.patch_state = "fresh" if current == cfg.feature_patch.read_bytes() else "stale"
+            same = current == cfg.feature_patch.read_bytes()
+            # the room's diff is only the feature while the templates still render to it
+            res.patch_state = "fresh" if same and not res.templates_changed and not res.render_error else "stale"
     return res

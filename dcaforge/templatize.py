@@ -222,6 +222,8 @@ def _alt_dict(a: Any) -> dict[str, Any]:
 def _edit_dict(e: EditSpec, file: str | None = None, anchor: str | None = None, action: str | None = None,
                text: str | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"file": list(e.files) if len(e.files) > 1 else (file or e.files[0])}
+    if e.base != "llama_cpp_dir":
+        d["base"] = e.base
     if e.when_exists:
         d["when_exists"] = e.when_exists
     if e.when is not None:

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import confine
 from .capture import baseline_tree, changed_paths, temp_index, tree_diff, worktree_tree
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
@@ -106,6 +107,9 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
     if not patch.is_file():
         raise DcaforgeError(f"no patch to verify at {patch}", where=str(patch), hint="dcaforge capture")
     data = patch.read_bytes()
+    # a patch handed to verify is input too: every path it names must be a file of the tree
+    confine.check_patch_text(confine.PatchRef(patch.name, patch), confine.parse_patch(data),
+                             f"fix or remove {patch} (a patch may only change files of the tree), then verify again")
     sha = hashlib.sha256(data).hexdigest()
     with locked(room):
         base = baseline_tree(room)

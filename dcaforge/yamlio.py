@@ -2,6 +2,11 @@
 
 Errors name the key (dotted path), the file and the line, e.g.
 ``unknown key 'series.rnage'`` at ``dcaforge.yaml:7``.
+
+Every file is untrusted: it is read only up to :data:`MAX_YAML_BYTES`, aliases may expand to at
+most :data:`MAX_YAML_NODES` values and nest :data:`MAX_YAML_DEPTH` deep (no "billion laughs", no
+recursive alias), only YAML's plain types are made (an unknown tag is an error), and every problem
+(syntax, encoding, a bomb, a tag) is reported as ``file:line:col: what`` with the next step.
 """
 
 from __future__ import annotations
@@ -13,6 +18,27 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+
+#: Larger YAML files are refused unread (the shipped manifest is about 60 KiB).
+MAX_YAML_BYTES = 8 * 1024 * 1024
+#: Values a file may expand to, aliases counted each time they are used.
+MAX_YAML_NODES = 200_000
+#: How deep mappings and lists may nest.
+MAX_YAML_DEPTH = 64
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_YAML_HINT = "fix the file at that place (YAML: https://yaml.org/spec/1.2.2/), then run the command again"
+
+
+def _problem(file: str, line: int, col: int, what: str, hint: str = _YAML_HINT) -> ConfigError:
+    return ConfigError(f"{file}:{line}:{col}: {what}", where=f"{file}:{line}:{col}", hint=hint)
+
+
+class _Budget:
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.nodes = 0
+        self.active: set[int] = set()
 
 
 class YDict(dict):  # type: ignore[type-arg]
@@ -27,30 +53,57 @@ class YList(list):  # type: ignore[type-arg]
     item_lines: list[int]
 
 
-def _convert(node: yaml.Node, file: str) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        out = YDict()
-        out.line = node.start_mark.line + 1
-        out.key_lines = {}
-        for knode, vnode in node.value:
-            if knode.tag == "tag:yaml.org,2002:merge":
-                raise ConfigError("YAML merge keys (<<) are not supported",
-                                  where=f"{file}:{knode.start_mark.line + 1}")
-            key = _convert(knode, file)
-            if not isinstance(key, str):
-                key = str(key)
-            if key in out:
-                raise ConfigError(f"duplicate key '{key}'", where=f"{file}:{knode.start_mark.line + 1}")
-            out[key] = _convert(vnode, file)
-            out.key_lines[key] = knode.start_mark.line + 1
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        lst = YList(_convert(v, file) for v in node.value)
-        lst.line = node.start_mark.line + 1
-        lst.item_lines = [v.start_mark.line + 1 for v in node.value]
-        return lst
-    assert isinstance(node, yaml.ScalarNode)
-    return _scalar(node)
+def _convert(node: yaml.Node, budget: _Budget, depth: int = 0) -> Any:
+    file = budget.file
+    mark = node.start_mark
+    budget.nodes += 1
+    if budget.nodes > MAX_YAML_NODES:
+        raise _problem(file, mark.line + 1, mark.column + 1,
+                       f"the file expands to more than {MAX_YAML_NODES} values (aliases used over and over: a "
+                       "'billion laughs' bomb?)", hint="write the values out, or use fewer aliases")
+    if depth > MAX_YAML_DEPTH:
+        raise _problem(file, mark.line + 1, mark.column + 1, f"mappings and lists nest deeper than {MAX_YAML_DEPTH}")
+    if id(node) in budget.active:
+        raise _problem(file, mark.line + 1, mark.column + 1, "a recursive alias (an anchor used inside itself)",
+                       hint="remove the alias that refers to its own anchor")
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        want = _MAP_TAG if isinstance(node, yaml.MappingNode) else _SEQ_TAG
+        if node.tag != want:
+            raise _problem(file, mark.line + 1, mark.column + 1, f"unknown tag {node.tag!r}: only plain mappings and "
+                           "lists are read", hint="remove the tag")
+    budget.active.add(id(node))
+    try:
+        if isinstance(node, yaml.MappingNode):
+            out = YDict()
+            out.line = mark.line + 1
+            out.key_lines = {}
+            for knode, vnode in node.value:
+                if knode.tag == "tag:yaml.org,2002:merge":
+                    raise ConfigError("YAML merge keys (<<) are not supported",
+                                      where=f"{file}:{knode.start_mark.line + 1}", hint="write the keys out")
+                key = _convert(knode, budget, depth + 1)
+                if not isinstance(key, str):
+                    key = str(key)
+                if key in out:
+                    raise ConfigError(f"duplicate key '{key}'", where=f"{file}:{knode.start_mark.line + 1}",
+                                      hint="keep one of them")
+                out[key] = _convert(vnode, budget, depth + 1)
+                out.key_lines[key] = knode.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            lst = YList(_convert(v, budget, depth + 1) for v in node.value)
+            lst.line = mark.line + 1
+            lst.item_lines = [v.start_mark.line + 1 for v in node.value]
+            return lst
+        assert isinstance(node, yaml.ScalarNode)
+        try:
+            return _scalar(node)
+        except (yaml.YAMLError, ValueError) as exc:
+            what = getattr(exc, "problem", None) or str(exc)
+            raise _problem(file, mark.line + 1, mark.column + 1, f"cannot read this value: {what}",
+                           hint="quote it to make it a string, or remove its tag") from None
+    finally:
+        budget.active.discard(id(node))
 
 
 _LOADER = yaml.SafeLoader("")
@@ -61,24 +114,91 @@ def _scalar(node: yaml.ScalarNode) -> Any:
 
 
 def load_yaml(path: Path) -> Any:
-    """Parse ``path``; syntax errors name the file and line."""
+    """Parse ``path`` (bounded; see the module's doc); every problem names the file, line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size} bytes, more than dcaforge reads as YAML ({MAX_YAML_BYTES})",
+                              where=str(path), hint="check that it is the file you meant")
+        data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", where=str(path)) from None
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", where=str(path),
+                          hint=f"check that {path} exists and is a readable file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise _problem(str(path), line, col, f"not UTF-8 text (byte {data[exc.start]:#04x})",
+                       hint="save the file as UTF-8") from None
     return load_yaml_text(text, str(path))
 
 
+def _line_col(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
 def load_yaml_text(text: str, file: str) -> Any:
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{file}: more than {MAX_YAML_BYTES} characters of YAML", where=file,
+                          hint="check that it is the file you meant")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)  # the same error, with the pure loader's words
+    except yaml.reader.ReaderError as exc:
+        line, col = _line_col(text, exc.position)
+        char = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+        raise _problem(file, line, col, f"invalid YAML: {exc.reason} (character {char:#04x})",
+                       hint="remove that character (control characters are not allowed in YAML)") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}" if mark is not None else file
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", where=where) from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        what = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        if mark is None:
+            raise ConfigError(f"{file}: invalid YAML: {what}", where=file, hint=_YAML_HINT) from None
+        raise _problem(file, mark.line + 1, mark.column + 1,
+                       f"invalid YAML: {what}" + (f" ({context})" if context else "")) from None
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid YAML: mappings and lists nest too deeply", where=file,
+                          hint="flatten the file") from None
     if node is None:
         return YDict()
-    return _convert(node, file)
+    _expanded_size(node, file, {}, set())
+    return _convert(node, _Budget(file))
+
+
+def _expanded_size(node: yaml.Node, file: str, memo: dict[int, int], active: set[int], depth: int = 0) -> int:
+    """How many values ``node`` expands to, aliases counted each time (linear in the file's nodes:
+    a bomb is refused before it is expanded)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    mark = node.start_mark
+    if key in active:
+        raise _problem(file, mark.line + 1, mark.column + 1, "a recursive alias (an anchor used inside itself)",
+                       hint="remove the alias that refers to its own anchor")
+    if depth > MAX_YAML_DEPTH:
+        raise _problem(file, mark.line + 1, mark.column + 1, f"mappings and lists nest deeper than {MAX_YAML_DEPTH}")
+    active.add(key)
+    total = 1
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    for child in children:
+        total += _expanded_size(child, file, memo, active, depth + 1)
+        if total > MAX_YAML_NODES:
+            raise _problem(file, mark.line + 1, mark.column + 1,
+                           f"the file expands to more than {MAX_YAML_NODES} values (aliases used over and over: a "
+                           "'billion laughs' bomb?)", hint="write the values out, or use fewer aliases")
+    active.discard(key)
+    memo[key] = total
+    return total
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "a mapping",

@@ -58,6 +58,10 @@ FEATURE_MANIFEST = textwrap.dedent("""\
         anchor: '(?m)^add_library'
         action: insert_before
         text: "# {{ feature.id }} chunk={{ vars.chunk }}\\n"
+      - file: CMakeLists.txt
+        anchor: '(?m)^add_library\\(llama src/llama\\.cpp\\)\\n'
+        action: insert_after
+        text: "target_sources(llama PRIVATE src/llama-dca.cpp)\\n"
     """)
 
 

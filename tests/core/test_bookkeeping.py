@@ -162,9 +162,8 @@ def test_entry_goes_into_a_table_or_an_empty_section(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("extra", "message", "line"), [
     ("  colour: red\n", "unknown key 'bookkeeping.colour'", 21),
-    ("", "'bookkeeping.series_readme.row' must render to a Markdown table row", 17),
-    ("", "'bookkeeping.upstream_sync.entry' must contain the marker", 20),
     ("", "'bookkeeping.series_readme.row' is not a usable template: 'n_lines' is undefined", 17),
+    ("", "'bookkeeping.series_readme.row' is not a usable template: unexpected 'end of print statement'", 17),
     ("", "'bookkeeping.series_readme.file' must be a Markdown file (.md)", 16),
 ])
 def test_bookkeeping_config_errors_name_key_file_and_line(tmp_path: Path, extra: str, message: str, line: int) -> None:
@@ -175,6 +174,8 @@ def test_bookkeeping_config_errors_name_key_file_and_line(tmp_path: Path, extra:
         text = text.replace("- `{{ marker }}`:", "-")
     if "n_lines" in message:
         text = text.replace("{{ n_files }}", "{{ n_lines }}")
+    if "unexpected" in message:
+        text = text.replace("{{ n_files }}", "{{ n_files + }}")
     if "Markdown file" in message:
         text = text.replace("file: README.md", "file: README.txt")
     path = _write(tmp_path, text)
@@ -182,6 +183,28 @@ def test_bookkeeping_config_errors_name_key_file_and_line(tmp_path: Path, extra:
         parse_config(path)
     assert message in exc.value.message
     assert exc.value.where == f"{path}:{line}"
+
+
+@pytest.mark.parametrize(("change", "message", "line"), [
+    (('row: "| `', 'row: "* `'), "'bookkeeping.series_readme.row' must render to a Markdown table row", 4),
+    (("- `{{ marker }}`:", "-"), "'bookkeeping.upstream_sync.entry' must contain the marker", 7),
+    (("{{ n_files }} files", "{{ '\\n' }}"), "'bookkeeping.series_readme.row' must render to exactly one line", 4),
+])
+def test_bookkeeping_templates_are_checked_by_capture_before_anything_is_written(bk_project, change, message, line) -> None:
+    """A config is read by every command (status too): its templates are only parsed then, and
+    rendered (sandboxed) and checked by capture, before anything is written."""
+    text = bk_project.config_path.read_text()
+    bk_project.config_path.write_text(text.replace(*change))
+    cfg = bk_project.config  # parses: nothing of the template is run here
+    status(cfg)
+    apply(cfg)
+    with pytest.raises(ConfigError) as exc:
+        capture(cfg)
+    assert message in exc.value.message
+    assert exc.value.where == f"{bk_project.config_path}:{text.count(chr(10), 0, text.index('bookkeeping:')) + line}"
+    assert exc.value.hint and "nothing was written" in exc.value.hint
+    assert not (bk_project.patches / "0078-dca.patch").exists()
+    assert (bk_project.work / "README.md").read_text() == README and (bk_project.work / "SYNC.md").read_text() == SYNC
 
 
 def test_shipped_llamafile_example_parses() -> None:

@@ -61,7 +61,7 @@ def test_llamafile_setup_offline_from_the_checkouts_modules(project) -> None:
         - echo generated > llama.cpp/version.gen && mkdir -p o/tmp && echo junk > o/tmp/x
         """)
     cfg = project.config
-    res = apply(cfg)
+    res = apply(cfg, trust=True)
     notes = "\n".join(res.notes)
     # .gitmodules names an unreachable URL: the submodule came from the checkout's .git/modules
     assert f"submodule llama.cpp cloned from your checkout's {sup / '.git' / 'modules' / 'llama.cpp'}" in notes
@@ -91,14 +91,14 @@ def test_a_failing_bootstrap_step_makes_nothing_and_says_where(project) -> None:
         """)
     cfg = project.config
     with pytest.raises(CommandError) as exc:
-        apply(cfg)
+        apply(cfg, trust=True)
     err = exc.value
     assert err.message == 'bootstrap step 2/2 failed (exit 3): echo "renames.sh: no such file" >&2; exit 3 ...'
     assert err.where is not None and err.where.startswith(f"{project.config_path}:19")
     assert err.details == "renames.sh: no such file"
     assert err.hint is not None and "the clean room was not created and the source is untouched" in err.hint
     assert not cfg.room.exists() and [p.name for p in cfg.workspace.iterdir()] == []
-    r = CliRunner().invoke(app, ["apply", "-c", str(project.config_path)])
+    r = CliRunner().invoke(app, ["apply", "--trust", "-c", str(project.config_path)])
     assert r.exit_code == 1 and "bootstrap step 2/2 failed (exit 3)" in r.output
     project.assert_source_untouched()
 
@@ -131,13 +131,13 @@ def test_bootstrap_config_errors(tmp_path: Path, steps: str, message: str, line:
 
 def test_a_changed_bootstrap_asks_for_fresh(project) -> None:
     write_bootstrap(project, "- echo one > one.txt\n")
-    apply(project.config)
+    apply(project.config, trust=True)
     assert (project.config.room / "one.txt").read_text() == "one\n"
     project.config_path.write_text(project.config_path.read_text().replace("echo one", "echo two"))
     with pytest.raises(DcaforgeError, match="other bootstrap steps") as exc:
-        apply(project.config)
+        apply(project.config, trust=True)
     assert "dcaforge apply --fresh" in (exc.value.hint or "")
-    res = apply(project.config, fresh=True)  # made again (not reset: the bootstrap differs)
+    res = apply(project.config, fresh=True, trust=True)  # made again (not reset: the bootstrap differs)
     assert "fresh: reset the clean room to its start commit" not in res.notes
     assert (project.config.room / "one.txt").read_text() == "two\n"
     project.assert_source_untouched()

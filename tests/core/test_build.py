@@ -395,7 +395,8 @@ def test_llamafile_backend_needs_cosmocc_then_runs_make_and_cuda_sh(tmp_path: Pa
     apply(cfg)
     with pytest.raises(ToolchainError) as ei:
         bmod.build(cfg)
-    assert "cosmocc is not in the tree" in ei.value.message and "does not do that behind your back" in ei.value.message
+    assert "cosmocc is not in the tree" in ei.value.message and "dcaforge never downloads it" in ei.value.message
+    assert f"it would run, in {cfg.room}:\n  .cosmocc/4.0.2/bin/make -j" in (ei.value.details or "")  # what it would run
     assert "build/download-cosmocc.sh .cosmocc/4.0.2" in (ei.value.hint or "")
     assert not (cfg.room / ".cosmocc").exists()  # nothing downloaded
 

@@ -36,13 +36,13 @@ def test_cli_main_job_exit_codes(project) -> None:
     project.assert_source_untouched()
 
 
-def test_cli_conflict_exits_2_and_says_how_to_resume(project) -> None:
+def test_cli_conflict_exits_3_and_says_how_to_resume(project) -> None:
     def edit(value: str):
         return lambda tree: replace_line(tree / "src/llama.cpp", "int line_010 = 10;", f"int line_010 = {value};")
     project.add_patch("0001-a.patch", make_patch_git(project.source, edit("0"), project.tmp, "a"))
     project.add_patch("0002-a-again.patch", make_patch_git(project.source, edit("1"), project.tmp, "b"))
     r = _run("apply", "-c", str(project.config_path))
-    assert r.exit_code == 2
+    assert r.exit_code == 3
     assert "0002-a-again.patch does not apply" in r.output
     assert "hunk #1 @@ -7,7 +7,7 @@" in r.output
     assert "dcaforge apply --continue" in r.output
@@ -56,7 +56,7 @@ def test_cli_config_error_exits_1_with_location(project) -> None:
     assert "unknown key 'feature.numbr'" in r.output and f"{project.config_path}:" in r.output
 
 
-def test_cli_render_check_exits_2_on_missing_anchor(project) -> None:
+def test_cli_render_check_exits_3_on_missing_anchor(project) -> None:
     c = str(project.config_path)
     assert _run("apply", "-c", c, "--no-render").exit_code == 0
     write_feature(project.work, textwrap.dedent("""\
@@ -67,9 +67,9 @@ def test_cli_render_check_exits_2_on_missing_anchor(project) -> None:
             text: 'x'
         """))
     r = _run("render", "-c", c, "--check")
-    assert r.exit_code == 2 and "missing" in r.output and "int line_010" in r.output
+    assert r.exit_code == 3 and "missing" in r.output and "int line_010" in r.output
     r = _run("render", "-c", c)
-    assert r.exit_code == 2 and "anchor matches nowhere" in r.output
+    assert r.exit_code == 3 and "anchor matches nowhere" in r.output
 
 
 def test_cli_render_check_says_which_alternative_fits(project) -> None:
@@ -101,6 +101,14 @@ def test_cli_render_check_says_which_alternative_fits(project) -> None:
     (other / "src").mkdir(parents=True)
     (other / "src/llama.cpp").write_text("int line_011 = 11;\n")
     r = _run("render", "-c", c, "--check", "--tree", str(other))
-    assert r.exit_code == 2
-    assert "edit #0 (src/llama.cpp, manifest line 2): alternative 1 'int line_010 = 10;' matches nowhere; closest lines:" in r.output
-    assert "    1: int line_011 = 11;" in r.output
+    assert r.exit_code == 3
+    out = r.output.splitlines()
+    table = out.index("misfits: 0 drifted, 1 absent")
+    assert out[table + 1].split() == ["#", "file", "class", "why"]
+    row = table + 2
+    # what the anchor hooks (line_0100) is in no file of the tree: absent, not drifted
+    assert out[row].split()[:3] == ["0", "src/llama.cpp", "absent"] and "`line_0100` in no file of this tree" in out[row]
+    # every anchor tried, with the nearest lines of the pristine baseline file
+    assert out[row + 1].strip() == "anchor 'int line_0100 = 100;' (manifest line 2):"
+    assert out[row + 3].strip() == "alternative 1 'int line_010 = 10;' (manifest line 2):"
+    assert out[row + 4].strip() == "1: int line_011 = 11;"

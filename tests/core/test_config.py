@@ -54,9 +54,9 @@ def test_good_config_resolves_paths_relative_to_the_file(tmp_path: Path) -> None
     (GOOD.replace("  pypi: llama-cpp-python==0.3.36", "  pypi: [a]"), "'source.pypi' must be a string, got a list", 3),
     (GOOD.replace("  subdir: vendor/llama.cpp", "  subdir: vendor/llama.cpp\n  ref: main"), "unknown key 'source.ref'", 5),
     (GOOD.replace("series:\n", "series:\n  dir: x\n"), "duplicate key 'dir'", 7),
-    (GOOD.replace("  dir: patches", "  dir: [patches"), "invalid YAML", 7),
+    (GOOD.replace("  dir: patches", "  dir: [patches"), "invalid YAML", "7:8"),
 ])
-def test_errors_name_key_file_and_line(tmp_path: Path, text: str, message: str, line: int) -> None:
+def test_errors_name_key_file_and_line(tmp_path: Path, text: str, message: str, line: int | str) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError) as exc:
         parse_config(path)

@@ -35,7 +35,7 @@ def test_missing_anchor_names_manifest_edit_file_anchor_and_closest_lines(projec
     with pytest.raises(MismatchError) as exc:
         render(cfg)
     e = exc.value
-    assert e.exit_code == 2
+    assert e.exit_code == 3
     assert e.message == "edit #1 of manifest.yaml: anchor matches nowhere in src/models/gemma4.cpp"
     assert e.where == f"{project.feature / 'manifest.yaml'}:6 -> src/models/gemma4.cpp"
     assert "anchor: (?m)^(\\s*)Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors," in (e.details or "")
@@ -246,9 +246,12 @@ def test_alternatives_first_fit_wins_and_when_reads_the_tree(project) -> None:
     apply(cfg, render=False)
     _manifest(project, DRIFT_MANIFEST)
     res = check(cfg)
-    assert res.ok
+    assert res.anchors_ok
     assert [(e.index, e.status, e.fit, e.matches) for e in res.edits] == [
         (0, "ok", "alt 2", 1), (1, "ok", "anchor", 1), (2, "skipped", "-", 0)]
+    # the new file is not in CMakeLists.txt's add_library: the wiring check names it and where it goes
+    assert not res.ok and [(w.source, w.status, w.join) for w in res.wiring.rows] == [
+        ("src/llama-dca.cpp", "missing", "CMakeLists.txt:2 (next to src/llama.cpp)")]
     assert res.edits[0].anchor == "Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, nullptr,"  # what fitted
     assert [a for _v, a, _n, _c in res.edits[0].tried][:1] == ["Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos, rope_factors,"]
     assert res.edits[2].note == "when: not tree.has('src/models/gemma4.cpp')"
@@ -321,7 +324,7 @@ def test_no_alternative_fits_names_each_with_its_closest_lines(project) -> None:
     with pytest.raises(MismatchError) as exc:
         render(cfg)
     e = exc.value
-    assert e.exit_code == 2
+    assert e.exit_code == 3
     assert e.message == "edit #0 of manifest.yaml: neither the anchor nor its 1 alternatives match in src/llama.cpp"
     details = e.details or ""
     assert details.startswith("anchor: int line_0100 = 100;\nclosest lines:\n  ")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -79,23 +81,50 @@ def test_only_marked_folders_are_reset(project) -> None:
     assert (cfg.room / "precious.txt").exists()
 
 
+HOLDER = """
+import sys, time
+from dcaforge.cleanroom import Room, locked
+from pathlib import Path
+room = Room(Path(sys.argv[1]), Path(sys.argv[2]))
+with locked(room):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
 def test_lock_keeps_two_runs_off_one_room(project) -> None:
     cfg = project.config
     room = Room.of(cfg)
+    # a lock file naming a live process that does not hold it (an old run's, a copy) is no lock
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         room.workspace.mkdir(parents=True, exist_ok=True)
         room.lock_file.write_text(f"{sleeper.pid}\n")
-        with pytest.raises(LockedError, match=f"pid {sleeper.pid}"):
-            apply(cfg)
+        apply(cfg)
+        capture(cfg)
     finally:
         sleeper.kill()
         sleeper.wait()
-    # the holder is gone: a stale lock is taken over
-    apply(cfg)
     assert not room.lock_file.exists()
+    # a run that holds it keeps every other run off, and the error names it
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(room.path), str(room.workspace)],
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        info = json.loads(room.lock_file.read_text())
+        assert info["pid"] == holder.pid and info["host"] == socket.gethostname() and info["start"]
+        for fn in (lambda: apply(cfg), lambda: capture(cfg), lambda: render(cfg), lambda: verify(cfg)):
+            with pytest.raises(LockedError, match=f"pid {holder.pid} on {socket.gethostname()}"):
+                fn()
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops its lock
+        holder.wait()
     with locked(room):
-        assert room.lock_file.read_text().strip() == str(os.getpid())
+        assert json.loads(room.lock_file.read_text())["pid"] == os.getpid()
+        with locked(room):  # re-entrant within one process
+            pass
+    assert not room.lock_file.exists()
+    assert apply(cfg).baseline
 
 
 def test_outside_git_env_cannot_redirect_dcaforge(project, monkeypatch) -> None:

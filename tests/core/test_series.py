@@ -38,7 +38,7 @@ def test_conflicting_hunk_is_reported_and_resumable(project) -> None:
     with pytest.raises(MismatchError) as exc:
         apply(cfg)
     err = exc.value
-    assert err.exit_code == 2
+    assert err.exit_code == 3
     assert "patch 2/3 0002-b.patch does not apply" in err.message
     assert "file src/llama.cpp" in (err.where or "")
     assert "hunk #1 @@ -7,7 +7,7 @@" in (err.where or "")

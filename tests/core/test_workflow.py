@@ -91,7 +91,7 @@ def test_render_is_idempotent_and_guards_hand_edits(project) -> None:
     (project.feature / "src/llama-dca.cpp.j2").write_text("v3\n")
     with pytest.raises(MismatchError, match="stale") as exc:
         verify(cfg, fresh_render=True)
-    assert exc.value.exit_code == 2 and "src/llama-dca.cpp" in (exc.value.where or "")
+    assert exc.value.exit_code == 3 and "src/llama-dca.cpp" in (exc.value.where or "")
     project.assert_source_untouched()
 
 

@@ -50,7 +50,7 @@ def old_room(cleanroom) -> str:
     data["source"] = {"pypi": f"llama-cpp-python=={OLD}", "subdir": "vendor/llama.cpp"}
     data["gates"] = []
     CONFIG.write_text(yaml.safe_dump(data, sort_keys=False))
-    p = old_dcaforge("apply", "--no-render")
+    p = old_dcaforge("apply", "--no-render", "--trust")  # --trust: pip may download (and prepare) OLD's sdist
     assert p.returncode == 0, f"dcaforge apply failed:\n{p.stdout}\n{p.stderr}"
     return str(ROOM)
 

@@ -119,7 +119,10 @@ def _make_llamafile(tmp: Path, llama_url: str, llama_commit: str) -> Llamafile:
         "build/config.mk": "COSMOCC = .cosmocc/4.0.2\n",
         "llamafile/main.c": "int main(void) { return 0; }\n",
         ".gitignore": "/o\n/.cosmocc\n",
-        "llama.cpp.patches/llamafile-files/BUILD.mk": "# llamafile's build of llama.cpp\n",
+        # llamafile's build of llama.cpp lists its sources (0078 adds its own; tests/e2e/test_llamafile_build.py
+        # runs llamafile's real Makefile)
+        "llama.cpp.patches/llamafile-files/BUILD.mk": ("LLAMA_SRCS_CPP := \\\n\tllama.cpp/src/llama.cpp\n\n"
+                                                       "LLAMA_OBJS := $(LLAMA_SRCS_CPP:%.cpp=o/$(MODE)/%.cpp.o)\n"),
         "llama.cpp.patches/llamafile-files/README.llamafile": "llamafile's changes to llama.cpp\n",
         # llama.cpp's .gitignore ignores this one: the bootstrap must commit it all the same
         "llama.cpp.patches/llamafile-files/common/build-info.cpp": 'int LLAMA_BUILD_NUMBER = 0;\n',
@@ -172,7 +175,7 @@ def _table_rows(readme: Path) -> list[str]:
 
 def test_llamafile_apply_render_capture_verify(llamafile: Llamafile) -> None:
     cfg = llamafile.config("llamafile", llamafile.good)
-    res = apply(cfg)
+    res = apply(cfg, trust=True)
     room = cfg.room
     notes = "\n".join(res.notes)
     assert "submodule llama.cpp cloned from your checkout's" in notes  # offline: .gitmodules names git.invalid
@@ -224,11 +227,11 @@ def test_llamafile_apply_render_capture_verify(llamafile: Llamafile) -> None:
     assert verify(cfg, fresh_render=True, gnu=True).fresh_render
     st = status(cfg)
     assert st.patch_state == "fresh" and not st.series_changed and st.series_applied == 2
-    assert "series unchanged since the last apply" in apply(cfg).notes
+    assert "series unchanged since the last apply" in apply(cfg, trust=True).notes
 
     # --fresh on a pinned submodule source resets to the start commit (no new clone) and the
     # bootstrap's files, the ignored one included, are all there again
-    res = apply(cfg, fresh=True)
+    res = apply(cfg, fresh=True, trust=True)
     assert "fresh: reset the clean room to its start commit" in res.notes
     assert (room / "llama.cpp/common/build-info.cpp").is_file()
     assert capture(cfg).written is False and _table_rows(readme) == rows
@@ -237,11 +240,11 @@ def test_llamafile_apply_render_capture_verify(llamafile: Llamafile) -> None:
 
 
 def test_llamafile_bootstrap_patch_that_does_not_apply(llamafile: Llamafile) -> None:
-    """Through the CLI (one apply: each attempt clones and flattens the real tree): exit 2, the
+    """Through the CLI (one apply: each attempt clones and flattens the real tree): exit 3, the
     patch, file and hunk, GNU patch's reason, what to do; nothing made, the source untouched."""
     cfg = llamafile.config("broken", llamafile.broken)
-    r = CliRunner().invoke(app, ["apply", "-c", str(cfg.path)])
-    assert r.exit_code == 2, r.output
+    r = CliRunner().invoke(app, ["apply", "--trust", "-c", str(cfg.path)])
+    assert r.exit_code == 3, r.output
     out = " ".join(r.output.split())  # rich wraps long lines
     assert f"bootstrap step 5 ({cfg.path}:" in out
     assert "the tree's own patch 2/2 src_llama-vocab.cpp.patch does not apply with patch -p1 --fuzz=0" in out

@@ -1,0 +1,246 @@
+"""Why an edit does not fit a tree, and the drift canary.
+
+Each edit that does not fit is classified from the **pristine** baseline file (never from a file
+the same render already changed):
+
+- ``drifted``: what the anchor hooks is still there, the anchor text moved or changed (every
+  identifier of the anchor is in the file, or the anchor matches more often than it should): the
+  nearest lines of the file are shown, for every anchor tried.
+- ``absent``: the file does not exist (an alternative file is named when the folder has one of the
+  same stem, e.g. ``gemma3-iswa.cpp`` for ``gemma3.cpp``), or an identifier the anchor needs is in
+  no line of the file. When another file of the tree has it, that file is named; otherwise the
+  feature needs the upstream change that adds it.
+
+:func:`canary` runs that check against a llama.cpp tree (a folder, or a PyPI sdist of
+llama-cpp-python) and counts fit / drifted / absent, so a scheduled job can watch upstream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Config, PypiSource
+from .errors import DcaforgeError
+from .render import CheckResult, DirTree, EditReport, GitTree, Tree, _anchor_literal, _prefix, closest_lines, load_manifest, plan
+
+#: Words of an anchor that say nothing about what it hooks.
+_COMMON = frozenset("""
+auto bool break case char class const constexpr continue default define delete do double else endif enum
+explicit extern false float for friend if ifdef ifndef include inline int int32_t int64_t long namespace new
+nullptr operator override private protected public return short signed size_t sizeof static static_assert
+struct switch template this true typedef typename uint32_t uint64_t union unsigned using virtual void
+volatile while std
+""".split())
+
+CODE_EXTS = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".m", ".txt", ".cmake", ".mk", ".sh", ".py")
+
+
+def anchor_identifiers(anchor: str) -> list[str]:
+    """The identifiers an anchor hooks (``GGML_OP_COUNT``, ``ctx_other``), common words left out."""
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _anchor_literal(re.sub(r"\\[ntrfv]", " ", anchor)))
+    return list(dict.fromkeys(w for w in words if len(w) >= 3 and w not in _COMMON))
+
+
+@dataclass
+class Misfit:
+    index: int
+    manifest_line: int
+    file: str                # the target (or the first candidate when none exists)
+    kind: str                # "drifted" | "absent"
+    reason: str
+    nearest: list[tuple[str, list[str]]] = field(default_factory=list)  # (anchor label, nearest baseline lines)
+
+
+class _Search:
+    """Which files of a tree hold an identifier (git grep for a commit, a walk for a folder)."""
+
+    def __init__(self, tree: Tree, prefix: str) -> None:
+        self.tree, self.prefix = tree, prefix
+        self._texts: dict[str, str] | None = None
+        self._found: dict[str, list[str]] = {}
+
+    def files_with(self, word: str) -> list[str]:
+        if word not in self._found:
+            self._found[word] = self._files_with(word)
+        return self._found[word]
+
+    def _files_with(self, word: str) -> list[str]:
+        if isinstance(self.tree, GitTree):
+            from .git import git
+
+            res = git(self.tree.repo, "grep", "-l", "-w", "-F", "-e", word, self.tree.rev, "--",
+                      *(f"{self.prefix}*{e}" for e in CODE_EXTS), check=False)
+            return sorted(line.split(":", 1)[1][len(self.prefix):] for line in res.stdout.splitlines() if ":" in line)
+        if self._texts is None:
+            self._texts = {}
+            root = Path(getattr(self.tree, "root", ".")) / self.prefix
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                for n in filenames:
+                    p = Path(dirpath) / n
+                    if n.endswith(CODE_EXTS) and p.stat().st_size < 4_000_000:
+                        self._texts[p.relative_to(root).as_posix()] = p.read_text(encoding="utf-8", errors="replace")
+        rx = re.compile(r"\b" + re.escape(word) + r"\b")
+        return sorted(rel for rel, text in self._texts.items() if rx.search(text))
+
+
+def _alternative_file(tree: Tree, prefix: str, wanted: str) -> str | None:
+    """A file of the same folder whose stem extends or shortens the wanted one by a ``-suffix``
+    (``gemma3-iswa.cpp`` for ``gemma3.cpp``, ``llama.cpp`` for ``llama-iswa.cpp``)."""
+    folder, name = posixpath.split(wanted)
+    stem, ext = posixpath.splitext(name)
+    names: list[str] = []
+    entries = getattr(tree, "entries", None)
+    full = prefix + folder
+    if entries is not None:
+        names = [posixpath.basename(p) for p in entries if posixpath.dirname(p) == full]
+    elif isinstance(tree, DirTree) and (tree.root / full).is_dir():
+        names = sorted(os.listdir(tree.root / full))
+    for n in sorted(names):
+        s, e = posixpath.splitext(n)
+        if e == ext and n != name and (s.startswith(stem + "-") or stem.startswith(s + "-")):
+            return posixpath.join(folder, n)
+    return None
+
+
+def classify(check: CheckResult, tree: Tree, prefix: str, edits_files: dict[int, tuple[str, ...]]) -> list[Misfit]:
+    """One :class:`Misfit` per edit that does not fit (``edits_files``: edit index -> its candidates)."""
+    search = _Search(tree, prefix)
+    out: list[Misfit] = []
+    for rep in check.edits:
+        if rep.fits:
+            continue
+        out.append(_classify_one(rep, tree, prefix, edits_files.get(rep.index, ()), search))
+    return out
+
+
+def _pristine(tree: Tree, prefix: str, rel: str) -> str | None:
+    full = prefix + rel
+    if not tree.is_file(full):
+        return None
+    return tree.read(full).decode("utf-8", errors="replace")
+
+
+def _classify_one(rep: EditReport, tree: Tree, prefix: str, files: tuple[str, ...], search: _Search) -> Misfit:
+    if rep.status == "no-file":
+        wanted = files[0] if files else "?"
+        alt = next((a for f in files if (a := _alternative_file(tree, prefix, f))), None)
+        if alt:
+            reason = (f"{' / '.join(files)} does not exist; this tree has {alt}: add it to the edit's 'file:' "
+                      "list, with an alternative anchor if its code differs")
+        else:
+            reason = (f"{' / '.join(files)} does not exist in this tree (no file of that name in its folder): the "
+                      "feature needs the upstream change that adds it (a newer llama.cpp), or guard the edit with "
+                      "'when_exists:'")
+        return Misfit(rep.index, rep.manifest_line, wanted, "absent", reason)
+    rel = rep.file or (files[0] if files else "?")
+    text = _pristine(tree, prefix, rel)
+    m = Misfit(rep.index, rep.manifest_line, rel, "drifted", "")
+    if rep.status == "ambiguous":
+        m.reason = (f"{'the anchor' if not rep.variant else f'alternative {rep.variant}'} matches {rep.matches} times, "
+                    f"expected {rep.count}: make it unique")
+        m.nearest = [("matched", rep.closest)]
+        return m
+    if text is None:  # a file the render itself creates
+        m.reason = "the anchor matches nowhere in the file this render creates"
+        return m
+    anchors = [(v, a) for v, a, _n, _c in rep.tried] or [(0, rep.anchor)]
+    m.nearest = [("anchor" if v == 0 else f"alternative {v}", closest_lines(text, a)) for v, a in anchors]
+    # the anchor fits another file of the same folder: the code moved there
+    moved = _anchor_elsewhere(tree, prefix, rel, [a for _v, a in anchors], rep.count)
+    if moved:
+        m.reason = f"the anchor fits {moved} instead: add it to the edit's 'file:' list (an alternative file)"
+        return m
+    # identifiers the anchor needs that no file of the tree has: what the edit hooks does not exist yet
+    gone = [w for w in anchor_identifiers(anchors[0][1])
+            if not re.search(r"\b" + re.escape(w) + r"\b", text) and not search.files_with(w)]
+    if gone:
+        m.kind = "absent"
+        names = ", ".join(f"`{w}`" for w in gone[:4])
+        m.reason = (f"{names} in no file of this tree: the feature needs the upstream change that adds "
+                    f"{'it' if len(gone) == 1 else 'them'} (a newer llama.cpp), or a 'when:' for trees without; "
+                    "nearest lines in the baseline file:")
+        return m
+    m.reason = "the anchor moved or changed; nearest lines in the baseline file:"
+    return m
+
+
+def _anchor_elsewhere(tree: Tree, prefix: str, rel: str, anchors: list[str], count: int) -> str | None:
+    folder, name = posixpath.split(rel)
+    ext = posixpath.splitext(name)[1]
+    entries = getattr(tree, "entries", None)
+    full = prefix + folder
+    if entries is not None:
+        names = sorted(posixpath.basename(p) for p in entries if posixpath.dirname(p) == full)
+    elif isinstance(tree, DirTree) and (tree.root / full).is_dir():
+        names = sorted(os.listdir(tree.root / full))
+    else:
+        names = []
+    for n in names:
+        if n == name or not n.endswith(ext):
+            continue
+        other = _pristine(tree, prefix, posixpath.join(folder, n))
+        if other is not None and any(len(re.findall(a, other)) == count for a in anchors):
+            return posixpath.join(folder, n)
+    return None
+
+
+@dataclass
+class Canary:
+    tree: str
+    check: CheckResult
+    misfits: list[Misfit]
+
+    @property
+    def fit(self) -> int:
+        return sum(1 for e in self.check.edits if e.status == "ok")
+
+    @property
+    def skipped(self) -> int:
+        return sum(1 for e in self.check.edits if e.status == "skipped")
+
+    @property
+    def drifted(self) -> int:
+        return sum(1 for m in self.misfits if m.kind == "drifted")
+
+    @property
+    def absent(self) -> int:
+        return sum(1 for m in self.misfits if m.kind == "absent")
+
+    def summary(self) -> str:
+        return (f"fit {self.fit}, drifted {self.drifted}, absent {self.absent} (skipped {self.skipped}) "
+                f"of {len(self.check.edits)} edits on {self.tree}")
+
+
+def files_of(cfg: Config) -> dict[int, tuple[str, ...]]:
+    return {e.index: e.files for e in load_manifest(cfg.feature.templates).edits}
+
+
+def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = None) -> Canary:
+    """``dcaforge drift``: the feature's anchors against a llama.cpp tree (a folder or the
+    ``vendor/llama.cpp`` of the llama-cpp-python sdist ``sdist``), classified."""
+    if (tree_dir is None) == (sdist is None):
+        raise DcaforgeError("give exactly one of --tree DIR and --sdist VERSION",
+                            hint="e.g. dcaforge drift --sdist 0.3.36")
+    flat = dataclasses.replace(cfg, llama_cpp_dir=".")  # a llama.cpp tree itself, whatever the config's layout
+    tree: Tree
+    if tree_dir is not None:
+        if not tree_dir.is_dir():
+            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
+        tree, label = DirTree(tree_dir), str(tree_dir)
+    else:
+        from .source import prepare_pypi
+
+        version = sdist or ""
+        req = version if "==" in version else f"llama-cpp-python=={version}"
+        base = prepare_pypi(PypiSource(req, "vendor/llama.cpp"))
+        tree, label = GitTree(Path(base.clone_url), base.ref), f"{req} [vendor/llama.cpp]"
+    manifest = load_manifest(cfg.feature.templates)
+    p = plan(flat, tree, manifest, check=True)
+    res = CheckResult(tree=label, edits=p.edits, files=p.files)
+    return Canary(tree=label, check=res, misfits=classify(res, tree, _prefix(flat), files_of(cfg)))

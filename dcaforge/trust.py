@@ -1,0 +1,142 @@
+"""Consent: commands a config declares run only from a config the user trusts.
+
+A config's ``bootstrap:`` shell and argv steps are commands by design (and so is downloading a
+``source.pypi`` sdist that is not cached yet: pip runs the package's build backend to read its
+metadata), and a config is often someone else's (a colleague's, another repository's). Like copier's ``--trust``, dcaforge runs them
+only when the user says so: ``dcaforge apply --trust``, or the config is listed in the user's
+settings file (:func:`settings_path`, e.g. ``~/.config/dcaforge/settings.yaml``)::
+
+    trusted:
+      - /home/me/work/llamafile/dcaforge.yaml   # this config file
+      - /home/me/work/                          # every config under this folder (a trailing /)
+      - ~/src/dcaforge/examples/                # ~ is your home
+
+There is no environment variable that trusts a config. ``bootstrap: {patches: FOLDER}`` steps are
+not commands (dcaforge applies those patches itself, confined like the series) and need no trust.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import BUILTIN_CONFIG, BootstrapStep, Config
+from .errors import ConfigError, DcaforgeError
+from .yamlio import Reader, load_yaml
+
+
+class TrustError(DcaforgeError):
+    """A config declares commands and is not trusted."""
+
+
+def settings_path() -> Path:
+    """``$XDG_CONFIG_HOME/dcaforge/settings.yaml``, else ``~/.config/dcaforge/settings.yaml``."""
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "dcaforge" / "settings.yaml"
+
+
+def trusted_entries(path: Path | None = None) -> list[str]:
+    """The ``trusted:`` list of the settings file (none when there is no file)."""
+    path = path or settings_path()
+    if not path.is_file():
+        return []
+    top = Reader(load_yaml(path), str(path))
+    top.check_keys({"trusted"})
+    items = top.get("trusted", list, default=[])
+    lines = top.list_lines("trusted")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"'trusted[{i}]' must be the path of a config file or of a folder (ending with /)",
+                              where=f"{path}:{lines[i] if i < len(lines) else top.line}",
+                              hint="e.g. trusted: [/home/me/work/dcaforge.yaml, /home/me/work/]")
+        out.append(item.strip())
+    return out
+
+
+def _matches(config: Path, entry: str) -> bool:
+    folder = entry.endswith("/")
+    p = Path(os.path.expanduser(entry))
+    if not p.is_absolute():
+        return False  # a relative entry would trust whatever folder the user stands in
+    real = Path(os.path.realpath(p))
+    if folder:
+        return real in config.parents
+    return real == config
+
+
+@dataclass(frozen=True)
+class Trust:
+    trusted: bool
+    why: str  # "--trust", "settings.yaml: <entry>", "the built-in default", or "" when not trusted
+
+
+def trust_of(cfg: Config, flag: bool) -> Trust:
+    if flag:
+        return Trust(True, "--trust")
+    if cfg.path is None:
+        return Trust(False, "")
+    config = Path(os.path.realpath(cfg.path))
+    if config == Path(os.path.realpath(BUILTIN_CONFIG)):
+        return Trust(True, "the built-in default")
+    for entry in trusted_entries():
+        if _matches(config, entry):
+            return Trust(True, f"{settings_path()}: {entry}")
+    return Trust(False, "")
+
+
+def commands(cfg: Config) -> list[BootstrapStep]:
+    """The steps of the config that run commands (shell strings and argv lists)."""
+    return [s for s in cfg.bootstrap if s.shell is not None or s.argv is not None]
+
+
+def full_text(step: BootstrapStep) -> str:
+    if step.shell is not None:
+        return step.shell.strip()
+    return " ".join(step.argv or ())
+
+
+def require(cfg: Config, flag: bool) -> Trust | None:
+    """None when the config declares no command; its Trust when it does and is trusted; else a
+    TrustError that shows the commands and says how to trust the config."""
+    steps = commands(cfg)
+    if not steps:
+        return None
+    t = trust_of(cfg, flag)
+    if t.trusted:
+        return t
+    shown = "\n".join(f"{s.where}:\n" + "\n".join("      " + ln for ln in full_text(s).splitlines()) for s in steps)
+    raise TrustError(
+        f"{cfg.describe()} declares {len(steps)} command{'s' if len(steps) != 1 else ''} to run in the clean room "
+        "(bootstrap:), and dcaforge runs a config's commands only when you trust it; nothing was run or made",
+        where=f"{cfg.describe()} (bootstrap:)", details=shown,
+        hint=f"read them; if you trust them, run `dcaforge apply --trust -c {cfg.describe()}`, or add the config (or its "
+             f"folder, ending with /) to 'trusted:' in {settings_path()}")
+
+
+def require_download(cfg: Config, flag: bool, requirement: str) -> None:
+    """pip prepares a downloaded sdist's metadata by running the package's build backend: that is a
+    command too, run only for a trusted config, or for the requirement the built-in default names."""
+    if trust_of(cfg, flag).trusted or requirement == _builtin_requirement():
+        return
+    from .source import _slug, cache_root
+
+    raise TrustError(
+        f"{cfg.describe()} asks for the sdist {requirement}, which is not in dcaforge's cache; downloading it runs "
+        "its build backend (pip prepares an sdist's metadata with the package's own code), and dcaforge runs a "
+        "config's commands only when you trust it; nothing was downloaded or made",
+        where=f"{cfg.describe()} (source.pypi)",
+        hint=f"if you trust the package, run `dcaforge apply --trust -c {cfg.describe()}` (or list the config in "
+             f"{settings_path()}), or put its sdist into {cache_root() / 'sdists' / _slug(requirement)} yourself")
+
+
+def _builtin_requirement() -> str | None:
+    """The sdist dcaforge's own default names (trusted wherever a config names it too)."""
+    from .config import PypiSource, parse_config
+
+    try:
+        src = parse_config(BUILTIN_CONFIG).source
+    except DcaforgeError:
+        return None
+    return src.requirement if isinstance(src, PypiSource) else None

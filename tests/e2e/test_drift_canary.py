@@ -1,0 +1,55 @@
+"""The drift canary, `dcaforge drift`, on the llama-cpp-python sdists the e2e tests download anyway:
+0.3.36 (the default) and 0.3.30 (test_e2e_drift) fit; 0.3.21 (the old pin of
+test_llamafile_build) does not, and the counts say how."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOES_NOT_FIT = 3  # the exit code of "does not fit"
+
+
+def drift(*args: str) -> subprocess.CompletedProcess:
+    exe = [sys.executable, "-c", "from dcaforge.cli import main; main()"]
+    return subprocess.run([*exe, "drift", *args], cwd=REPO, text=True, capture_output=True, check=False, timeout=1800,
+                          env={**os.environ, "COLUMNS": "250"})
+
+
+def counts(out: str) -> tuple[int, int, int, int, int]:
+    m = re.search(r"(?m)^fit (\d+), drifted (\d+), absent (\d+) \(skipped (\d+)\) of (\d+) edits on ", out)
+    assert m, out[-3000:]
+    return tuple(int(x) for x in m.groups())  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("version", ["0.3.36", "0.3.30"])
+def test_canary_counts_a_tree_the_templates_fit(version: str) -> None:
+    p = drift("--sdist", version)
+    assert p.returncode == 0, p.stdout + p.stderr
+    fit, drifted, absent, skipped, total = counts(p.stdout)
+    assert (drifted, absent) == (0, 0) and fit + skipped == total and fit >= 100
+    assert f"llama-cpp-python=={version} [vendor/llama.cpp]" in p.stdout
+    assert "misfits:" not in p.stdout
+
+
+def test_canary_counts_drifted_and_absent_on_an_old_tree() -> None:
+    p = drift("--sdist", "0.3.21")
+    assert p.returncode == DOES_NOT_FIT, p.stdout + p.stderr
+    fit, drifted, absent, skipped, total = counts(p.stdout)
+    assert drifted >= 3 and absent >= 5 and fit + skipped + drifted + absent == total
+    table = p.stdout[p.stdout.index("misfits:"):]
+    assert f"misfits: {drifted} drifted, {absent} absent" in table
+    assert re.search(r"(?m)^68\s+include/llama\.h\s+absent\s+`ctx_other` in no file of this tree", table), table
+
+
+def test_canary_needs_one_tree(tmp_path: Path) -> None:
+    p = drift()
+    assert p.returncode == 1 and "give exactly one of --tree DIR and --sdist VERSION" in p.stderr
+    p = drift("--tree", str(tmp_path / "nowhere"))
+    assert p.returncode == 1 and "not a folder" in p.stderr

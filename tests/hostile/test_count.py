@@ -1,0 +1,16 @@
+"""The README's Reliability section states the hostile suite's size as collected (see count.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import count  # noqa: E402
+
+
+def test_readme_states_how_many_cases_there_are() -> None:
+    n = count.count()
+    assert n >= 150
+    assert count.stated() == n, f"the README says {count.stated()}, pytest collects {n}: python tests/hostile/count.py --write"
