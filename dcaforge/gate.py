@@ -614,14 +614,14 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
                                 rec["error"] = "does not fit"
                                 continue
                             sample, text, toks = built
-                            rec.update({"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "depth": round(sample.depth, 4),
-                                        "expected": list(sample.expected)})
+                            rec.update({"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "n_filler": sample.n_filler,
+                                        "depth": round(sample.depth, 4), "expected": list(sample.expected)})
                             t0 = time.monotonic()
                             res = srv.completion(toks if send == "tokens" else text, npred)
                             answer = str(res.get("content", ""))
                             s, all_found = ruler.score(sample.expected, answer)
                             tm = res.get("timings") or {}
-                            rec.update({"score": s, "all": all_found, "answer": answer[:300], "seconds": round(time.monotonic() - t0, 3),
+                            rec.update({"score": s, "all": all_found, "answer": answer[:2000], "seconds": round(time.monotonic() - t0, 3),
                                         "tokens_evaluated": res.get("tokens_evaluated"),
                                         "prompt_per_second": tm.get("prompt_per_second"),
                                         "predicted_per_second": tm.get("predicted_per_second")})

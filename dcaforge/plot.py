@@ -91,6 +91,7 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
     fig, axes = plt.subplots(len(models), len(panels), figsize=(3.1 * len(panels), 2.7 * len(models) + 0.5),
                              squeeze=False)
     for row, model in zip(axes, models, strict=True):
+        xs_row = sorted({x for s in data[model].values() for v in s.values() for x in v} | ({trained[model]} if model in trained else set()))
         for ax, panel in zip(row, panels, strict=True):
             series = data[model].get(panel, {})
             xs_all = sorted({x for s in series.values() for x in s})
@@ -107,8 +108,9 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs_all, [_ctx_label(x) for x in xs_all])
+            ax.set_xscale("log", base=2)  # every panel of a row on the same axis: the model's contexts
+            ax.set_xlim(xs_row[0] / 1.25, xs_row[-1] * 1.25)
+            ax.set_xticks(xs_row, [_ctx_label(x) for x in xs_row])
             ax.minorticks_off()
             if model in trained:
                 ax.axvline(trained[model], color="grey", lw=0.8, ls=":")
