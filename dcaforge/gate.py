@@ -534,9 +534,16 @@ def _ruler_contexts(g: GateConfig, trained: int) -> list[int]:
 
 
 def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
-    """RULER tasks served by the clean room's llama-server: one server per (context, method), the same
-    prompts to every method at a context, exact-match scores per task, context and method."""
+    """RULER tasks served by the clean room's llama-server (see :func:`measure_ruler`)."""
     model = c.model(g)
+    return measure_ruler(c.server(), model, g, c.log_path, c.step)
+
+
+def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str], Path],
+                  step: Callable[[str], None]) -> GateResult:
+    """RULER tasks served by ``exe`` (llama-server) on ``model``: one server per (context, method),
+    the same prompts to every method at a context, exact-match scores per task, context and method;
+    with an NVIDIA GPU, each server's peak GPU memory (nvidia-smi, sampled)."""
     arch, trained = _trained(g, model)
     contexts = _ruler_contexts(g, trained)
     methods = _methods(g)
@@ -554,12 +561,12 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
     if send not in ("tokens", "text"):
         raise GateError(f"gate {g.name!r}: 'send:' must be tokens or text, got {send!r}", where=g.where)
     extra = [str(a) for a in _opt(g, "extra_args")]
-    exe = c.server()
 
     # (task, ctx, index) -> (sample, prompt text, its tokens) or None when it does not fit; built by the
     # first server at a context (the tokenizer is the model's, whatever the method) and sent to every method
     prompts: dict[tuple[str, int, int], tuple[ruler.Sample, str, list[int]] | None] = {}
     records: list[dict[str, Any]] = []
+    servers: list[dict[str, Any]] = []  # per server: load time, peak GPU memory
     wrap: tuple[str, str] | None = None
 
     def build(srv: LlamaServer, task: str, ctx: int, i: int, budget: int) -> tuple[ruler.Sample, str, list[int]] | None:
@@ -578,7 +585,7 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
             seen[n] = (s, text, toks)
             return len(toks)
 
-        fitted = ruler.fit(measure, budget, probe=ruler.min_filler(task))
+        fitted = ruler.fit(measure, budget, probe=ruler.min_filler(task), slack=budget // 1000)
         if fitted is None:
             return None
         n, _ = fitted
@@ -593,10 +600,13 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
                                           float(_opt(g, "yarn_factor")))]
             if ctx > trained:  # llama-server caps a slot at the trained length: past it, say the length is ctx
                 args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
-            c.step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}")
+            step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}")
             server_error: str | None = None
-            with LlamaServer(exe, args, c.log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
-                             request_timeout=float(_opt(g, "request_timeout"))) as srv:
+            t_server = time.monotonic()
+            srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
+                              request_timeout=float(_opt(g, "request_timeout")))
+            with srv:
+                servers.append({"ctx": ctx, "method": method, "load_seconds": round(time.monotonic() - t_server, 2)})
                 for task in tasks:
                     npred = n_predict or ruler.N_PREDICT[task]
                     for i in range(samples):
@@ -608,7 +618,9 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
                         try:
                             key = (task, ctx, i)
                             if key not in prompts:
+                                t_fit = time.monotonic()
                                 prompts[key] = build(srv, task, ctx, i, ctx - npred)
+                                rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
                             built = prompts[key]
                             if built is None:
                                 rec["error"] = "does not fit"
@@ -625,13 +637,16 @@ def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
                                         "tokens_evaluated": res.get("tokens_evaluated"),
                                         "prompt_per_second": tm.get("prompt_per_second"),
                                         "predicted_per_second": tm.get("predicted_per_second")})
-                            c.step(f"  {task} #{i}: {len(toks)} tokens, score {s:.2f}")
+                            step(f"  {task} #{i}: {len(toks)} tokens, score {s:.2f}")
                         except HttpError as exc:
                             rec["error"] = str(exc)[:300]
                         except GateError as exc:  # the server died: the rest of this server's samples too
                             server_error = exc.message
                             rec["error"] = exc.message
-    return _ruler_result(g, trained, contexts, methods, tasks, records, chunk, local)
+            servers[-1].update(srv.gpu or {})
+    res = _ruler_result(g, trained, contexts, methods, tasks, records, chunk, local)
+    res.metrics["servers"] = servers
+    return res
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -708,7 +723,7 @@ def points_table(r: GateResult) -> tuple[str, list[str], list[list[str]]] | None
     methods = [m for m in METHODS if m in r.metrics.get("methods", ["plain", "dca"])]
     if r.kind == "ruler":
         cols = ["task", "context", "tokens", *[METHOD_LABEL[m] for m in methods]]
-        rows = [[p["task"], str(p["ctx"]), f(p.get("tokens")),
+        rows = [[p["task"], str(p["ctx"]), "-" if p.get("tokens") is None else str(p["tokens"]),
                  *[("does not fit" if p.get("tokens") is None else f(p.get(m), True)) for m in methods]] for p in r.points]
         return f"{r.name}: exact-match score (RULER string_match_all)", cols, rows
     cols = ["context", *[f"ppl {METHOD_LABEL[m]}" for m in methods]]

@@ -214,14 +214,16 @@ def min_filler(task: str) -> int:
     return 1
 
 
-def fit(measure: Callable[[int], int], budget: int, *, probe: int = 1, max_tries: int = 6) -> tuple[int, int] | None:
+def fit(measure: Callable[[int], int], budget: int, *, probe: int = 1, slack: int = 0,
+        max_tries: int = 6) -> tuple[int, int] | None:
     """The largest filler count n whose prompt takes at most ``budget`` tokens, ``measure(n)`` being
     that prompt's token count under the model's tokenizer, and the count; None when even ``probe``
     fillers (the fewest a task holds) do not fit.
 
     The prompt grows by about the same tokens per filler sentence (the haystack repeats one
-    sentence), so two small counts give the slope; the estimate is then checked on the prompt itself
-    and corrected, so a long prompt is counted only a few times."""
+    sentence), so two small counts give the slope; the estimate (aimed ``slack`` / 2 below the
+    budget) is then checked on the prompt itself and corrected, so a long prompt is counted only a
+    few times, and a prompt within ``slack`` tokens of the budget is taken as it is."""
     t0 = measure(probe)
     if t0 > budget:
         return None
@@ -230,7 +232,7 @@ def fit(measure: Callable[[int], int], budget: int, *, probe: int = 1, max_tries
     best = (probe, t0)
     if t1 <= budget:
         best = (2 * probe, t1)
-    n = best[0] + int((budget - best[1]) / per)
+    n = best[0] + int((budget - slack // 2 - best[1]) / per)
     tried: dict[int, int] = {probe: t0, 2 * probe: t1}
     for _ in range(max_tries):
         if n in tried:
@@ -239,7 +241,7 @@ def fit(measure: Callable[[int], int], budget: int, *, probe: int = 1, max_tries
         if t <= budget:
             if n > best[0]:
                 best = (n, t)
-            if budget - t < per:  # one more sentence would not fit
+            if budget - t < max(per, slack):  # one more sentence would not fit, or close enough
                 break
             n += max(1, int((budget - t) / per))
         else:

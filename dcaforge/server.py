@@ -4,16 +4,20 @@ through ``POST /tokenize``, ``/apply-template`` and ``/completion``, and stopped
 SIGKILL) whatever happens, Ctrl-C included.
 
 The server's environment drops ``LLAMA_ARG_*`` (llama.cpp reads its options from those too), so only
-the command line the gate logs decides how it runs.
+the command line the gate logs decides how it runs. Where ``nvidia-smi`` is on PATH, the server's own
+GPU memory is sampled every 0.5 s while it runs (:attr:`LlamaServer.gpu`: its peak, and how many
+other processes used the GPU meanwhile).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +52,9 @@ class LlamaServer:
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.argv: list[str] = []
+        self.gpu: dict[str, int] | None = None  # {"gpu_mib_peak", "gpu_other_processes"} with nvidia-smi
+        self._sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -71,7 +78,32 @@ class LlamaServer:
             # its own session: a Ctrl-C at the terminal reaches dcaforge, which then stops the server itself
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            self.gpu = {"gpu_mib_peak": 0, "gpu_other_processes": 0}
+            self._sampling.set()
+            self._sampler = threading.Thread(target=self._sample_gpu, args=(smi, self.proc.pid), daemon=True)
+            self._sampler.start()
         self._wait_ready()
+
+    def _sample_gpu(self, smi: str, pid: int) -> None:
+        while self._sampling.is_set():
+            try:
+                out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10, check=False).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            others = 0
+            for line in out.splitlines():
+                parts = [x.strip() for x in line.split(",")]
+                if len(parts) != 2 or not parts[0].isdigit() or not parts[1].isdigit():
+                    continue
+                if int(parts[0]) == pid:
+                    self.gpu["gpu_mib_peak"] = max(self.gpu["gpu_mib_peak"], int(parts[1]))  # type: ignore[index]
+                else:
+                    others += 1
+            self.gpu["gpu_other_processes"] = max(self.gpu["gpu_other_processes"], others)  # type: ignore[index]
+            time.sleep(0.5)
 
     def _tail(self, n: int = 12) -> str:
         try:
@@ -103,6 +135,10 @@ class LlamaServer:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        self._sampling.clear()
+        if self._sampler is not None:
+            self._sampler.join(timeout=15)
+            self._sampler = None
         p, self.proc = self.proc, None
         if p is None or p.poll() is not None:
             return
