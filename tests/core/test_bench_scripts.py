@@ -110,3 +110,30 @@ def test_ruler_run_table_and_options(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, script, "run", "--server", "x", "--model", "y", "--name", "n", "--out", str(tmp_path),
                         "--options", '{"taks": ["vt"]}'], check=False, capture_output=True, text=True)
     assert r.returncode == 2 and "unknown ruler option(s): taks" in r.stderr
+
+
+def test_model_pieces_join_once_all_are_there(tmp_path: Path) -> None:
+    """run.sh's assemble: the pieces of a model (pack.sh's split) are joined once their sha256 matches, not before."""
+    import hashlib
+    import os
+
+    data = os.urandom(100_000)
+    sha = hashlib.sha256(data).hexdigest()
+    (tmp_path / "model").mkdir()
+    pieces = [data[i:i + 30_000] for i in range(0, len(data), 30_000)]
+    for k, p in enumerate(pieces[:-1]):
+        (tmp_path / "model" / f"smol.{k:02d}").write_bytes(p)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    call = f'assemble "$HOME/model/s.gguf" {sha} smol'
+
+    def assemble() -> str:
+        script = f'source <(sed -n "/^assemble() {{/,/^}}/p" "{RUN_SH}"); {call}'
+        r = subprocess.run(["bash", "-c", script], check=False, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert assemble() == "s.gguf: 3 pieces so far" and not (tmp_path / "model" / "s.gguf").exists()
+    (tmp_path / "model" / "smol.03").write_bytes(pieces[-1])
+    assert assemble() == "s.gguf: assembled, sha256 ok"
+    assert (tmp_path / "model" / "s.gguf").read_bytes() == data and sorted(os.listdir(tmp_path / "model")) == ["s.gguf"]
+    assert assemble() == "s.gguf: there"
