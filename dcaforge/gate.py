@@ -573,7 +573,11 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
         nonlocal wrap
         if chat and wrap is None:  # the chat template around one user turn, split at a marker
             mark = "\u2063DCAFORGE\u2063"
-            pre, _, post = srv.apply_template(mark).partition(mark)
+            templated = srv.apply_template(mark)
+            if templated.count(mark) != 1:
+                raise GateError(f"gate {g.name!r}: the model's chat template does not keep the user's text as it is",
+                                where=str(model), details=templated[:500], hint="set 'chat: false'")
+            pre, _, post = templated.partition(mark)
             wrap = (pre, post)
         seen: dict[int, tuple[ruler.Sample, str, list[int]]] = {}
 
@@ -605,8 +609,14 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
             t_server = time.monotonic()
             srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
                               request_timeout=float(_opt(g, "request_timeout")))
-            with srv:
-                servers.append({"ctx": ctx, "method": method, "load_seconds": round(time.monotonic() - t_server, 2)})
+            servers.append({"ctx": ctx, "method": method})
+            try:
+                srv.start()
+                servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
+            except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
+                server_error = f"llama-server did not start: {exc.message}"
+                step(f"  {server_error}")
+            try:
                 for task in tasks:
                     npred = n_predict or ruler.N_PREDICT[task]
                     for i in range(samples):
@@ -643,6 +653,8 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
                         except GateError as exc:  # the server died: the rest of this server's samples too
                             server_error = exc.message
                             rec["error"] = exc.message
+            finally:
+                srv.stop()
             servers[-1].update(srv.gpu or {})
     res = _ruler_result(g, trained, contexts, methods, tasks, records, chunk, local)
     res.metrics["servers"] = servers
