@@ -141,3 +141,14 @@ def test_gate_json_shape(tmp_path: Path) -> None:
     assert d["passed"] is False and d["plot"] is None
     assert d["gates"][0] == {"name": "a", "kind": "off-identity", "passed": False, "summary": "logits differ",
                              "metrics": {"fa_on": {"identical": False}}, "points": [], "seconds": 0.0}
+
+
+def test_method_flags() -> None:
+    from dcaforge.gate import method_flags
+
+    assert method_flags("plain", 4096, 1024, 768, 128) == []
+    assert method_flags("yarn", 4096, 1024, 768, 128) == ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "1024"]
+    assert method_flags("yarn", 512, 1024, 768, 128)[3] == "1"  # never below 1
+    assert method_flags("yarn", 4096, 1024, 768, 128, yarn_factor=8)[3] == "8"
+    assert method_flags("dca", 4096, 1024, 768, 128, ["--dca-yarn-factor", "4"]) == [
+        "--dca", "on", "--dca-chunk-size", "768", "--dca-local-size", "128", "--dca-yarn-factor", "4"]
