@@ -154,3 +154,23 @@ def test_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
             pass
     assert "exited (status 1) before it was ready" in ei.value.message
     assert log.read_text().startswith("$ /bin/false -m x.gguf --host 127.0.0.1 --port ")
+
+
+def word_tokens(text: str) -> int:
+    """A word-level tokenizer (words and punctuation): another real tokenization, coarser than bytes."""
+    return 1 + len(re.findall(r"\w+|[^\w\s]", text))
+
+
+@pytest.mark.parametrize("task", ["vt", "niah_multikey"])
+@pytest.mark.parametrize("budget", [4096, 1_048_576 - 128])
+def test_fit_with_slack_counts_a_long_prompt_once_or_twice(task: str, budget: int) -> None:
+    counted: list[int] = []
+
+    def measure(n: int) -> int:
+        t = word_tokens(ruler.generate(task, 42, 0, n).prompt)
+        counted.append(t)
+        return t
+
+    n, t = ruler.fit(measure, budget, probe=ruler.min_filler(task), slack=budget // 1000)
+    assert budget - max(budget // 1000, 30) <= t <= budget
+    assert sum(c > budget // 4 for c in counted) <= 2  # the long prompt is tokenized at most twice
