@@ -27,7 +27,7 @@
 # Issue 15's GPU run, two long calls (bench/gpu/RESULTS.md, "Issue 15: commands" has the exact device commands):
 #   short calls  build_bg (~5 s, carries the tree and gemma.04), then model with gemma.00..03 and smol.00 (~3 s each)
 #   call A       model (smol.01) wait_build (~300 s: 288 s from scratch before the server and mtmd were added)
-#                speed_smol (~150 s: 3 rounds x 8 runs) ruler_bg (starts both queues, ~1 s)          -> <= 590 s
+#                speed_smol (~170 s: 3 rounds x 8 runs of ~10 s) ruler_bg (starts both queues, ~1 s)   -> <= 590 s
 #   call B       wait_ruler (WAIT=540: queue 1 ~7 min, queue 2 ~8 min, side by side) report            -> <= 590 s
 #   a call C of wait_ruler report only if a queue is still running then (each prints what it has so far)
 set -uo pipefail
@@ -373,10 +373,11 @@ step_speed_smol() {
         # 1 sequence at 32k, 64k, 128k; CUDA graphs off too (if plain then falls to DCA's speed, DCA defeats graph reuse)
         for mode in plain dca plain-nographs dca-nographs; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
-            local env=(); [[ $mode == *nographs ]] && env=(GGML_CUDA_DISABLE_GRAPHS=1)
+            local env=() npp=32768,65536,131072   # without graphs: 32k and 64k (graphs matter for tg, which is per token)
+            [[ $mode == *nographs ]] && env=(GGML_CUDA_DISABLE_GRAPHS=1) && npp=32768,65536
             local log="$OUT/speed-smol/$mode-1-$round.log"; mkdir -p "$OUT/speed-smol"
             env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 135168 \
-                -npp 32768,65536,131072 -ntg 128 -npl 1 > "$log" 2>&1
+                -npp "$npp" -ntg 128 -npl 1 > "$log" 2>&1
             local rc=$?
             bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
             echo "round $round $mode 1 seq rc=$rc"
