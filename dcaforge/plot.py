@@ -34,11 +34,13 @@ class _Result(Protocol):
 Series = dict[str, dict[int, float]]  # method -> context -> value
 
 
-def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], dict[str, int]]:
+def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], dict[str, int], dict[str, dict[str, set[int]]]]:
     """{model: {panel: {method: {ctx: value}}}} from the extension (perplexity, passkey) and ruler
-    (its tasks, passkey included) gates, and each model's trained length."""
+    (its tasks, passkey included) gates, each model's trained length, and {model: {panel: contexts}}
+    where the task's prompt does not fit the context."""
     data: dict[str, dict[str, Series]] = {}
     trained: dict[str, int] = {}
+    nofit: dict[str, dict[str, set[int]]] = {}
     for r in results:
         if not r.points or r.kind not in ("extension", "ruler"):
             continue
@@ -49,16 +51,22 @@ def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], d
         for p in r.points:
             ctx = int(p["ctx"])
             if r.kind == "ruler":
+                if p.get("tokens") is None:
+                    nofit.setdefault(model, {}).setdefault(str(p["task"]), set()).add(ctx)
+                    panels.setdefault(str(p["task"]), {})
                 for m in STYLE:
                     if p.get(m) is not None:
                         panels.setdefault(str(p["task"]), {}).setdefault(m, {})[ctx] = float(p[m])
             else:
+                if any(f"passkey_{m}" in p for m in STYLE) and all(p.get(f"passkey_{m}") is None for m in STYLE):
+                    nofit.setdefault(model, {}).setdefault("passkey", set()).add(ctx)  # llama-passkey's prompt is longer
+                    panels.setdefault("passkey", {})
                 for m in STYLE:
                     if p.get(f"ppl_{m}") is not None:
                         panels.setdefault("perplexity", {}).setdefault(m, {})[ctx] = float(p[f"ppl_{m}"])
                     if p.get(f"passkey_{m}") is not None:
                         panels.setdefault("passkey", {}).setdefault(m, {})[ctx] = float(p[f"passkey_{m}"])
-    return data, trained
+    return data, trained, nofit
 
 
 def _ctx_label(x: int) -> str:
@@ -72,7 +80,7 @@ def _ctx_label(x: int) -> str:
 def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None) -> Path | None:
     """Write the figure; None when no gate has points to draw, or matplotlib is missing (``on_step``
     is told why)."""
-    data, trained = collect(results)
+    data, trained, nofit = collect(results)
     if not data:
         return None
     try:
@@ -94,13 +102,16 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
         xs_row = sorted({x for s in data[model].values() for v in s.values() for x in v} | ({trained[model]} if model in trained else set()))
         for ax, panel in zip(row, panels, strict=True):
             series = data[model].get(panel, {})
-            xs_all = sorted({x for s in series.values() for x in s})
+            misses = sorted(nofit.get(model, {}).get(panel, set()))
+            xs_all = sorted({x for s in series.values() for x in s} | set(misses))
             for m, (label, color, marker, ls) in STYLE.items():
                 s = series.get(m)
                 if not s:
                     continue
                 xs = sorted(s)
                 ax.plot(xs, [s[x] for x in xs], marker=marker, ls=ls, color=color, label=label, ms=5, lw=1.4)
+            if misses and panel != "perplexity":
+                ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
             ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
             ax.tick_params(labelsize=7)
             if not xs_all:

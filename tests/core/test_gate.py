@@ -71,8 +71,9 @@ def test_plot_writes_a_small_png_with_every_panel(tmp_path: Path) -> None:
     res = [GateResult("ext", "extension", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, EXT),
            GateResult("rul", "ruler", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, RUL),
            GateResult("off", "off-identity", True, "ok")]
-    data, trained = collect(res)
+    data, trained, nofit = collect(res)
     assert trained == {"m.gguf": 256} and sorted(data["m.gguf"]) == ["passkey", "perplexity", "vt"]
+    assert nofit == {"m.gguf": {"vt": {256}}}  # the ruler row without tokens
     # one model, both gates' passkeys in one panel: the extension's at 256 and 1024 (DCA's 1024 not measured), the ruler's
     # 1024 (the later gate's point wins); a measured 0 stays a point at 0
     assert data["m.gguf"]["passkey"] == {"plain": {256: 1.0, 1024: 0.0}, "dca": {256: 1.0, 1024: 1.0}, "yarn": {1024: 0.5}}
