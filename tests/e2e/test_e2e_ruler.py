@@ -92,7 +92,7 @@ def test_ruler_gate_plain_yarn_dca(server_exe: Path) -> None:
         s = ruler.generate(r["task"], 42, r["index"], r["n_filler"], n_samples=2)
         assert ruler.sha256(s.prompt) == r["prompt_sha256"]
         assert list(s.expected) == r["expected"]
-        n_predict = 64  # the config's
+        n_predict = 40  # the config's
         assert r["prompt_tokens"] == 1 + len(s.prompt.encode()) == r["tokens_evaluated"]  # what the server evaluated
         assert r["prompt_tokens"] <= r["ctx"] - n_predict
         longer = ruler.generate(r["task"], 42, r["index"], r["n_filler"] + 1, n_samples=2)
