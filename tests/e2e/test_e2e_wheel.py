@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,15 @@ from e2e_helpers import CONFIG, REPO, WORKSPACE, dcaforge, run
 def test_installed_wheel_runs_the_gates_outside_the_repo(cleanroom: Path, tmp_path: Path) -> None:
     p = dcaforge("build", "--targets", "llama llama-server")
     assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+    # the wheel is built from a copy of the checkout's files (setuptools writes build/ and *.egg-info next to the sources)
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in files.decode().split("\0"):
+        if rel and (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     wheels = tmp_path / "wheels"
-    r = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], cwd=tmp_path, timeout=900)
+    r = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)], cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     (whl,) = wheels.glob("dcaforge-*.whl")
     venv = tmp_path / "venv"
