@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-STYLE = {"plain": ("plain rope", "#7f7f7f", "o", "--"), "yarn": ("YaRN", "#ff7f0e", "^", "-."),
-         "dca": ("DCA", "#1f77b4", "s", "-")}
+#: label, colour, marker, line style, marker size: drawn in this order, largest first, so equal values stay visible
+STYLE = {"plain": ("plain rope", "#7f7f7f", "o", "--", 9), "yarn": ("YaRN", "#ff7f0e", "^", "-.", 6.5),
+         "dca": ("DCA", "#1f77b4", "s", "-", 4)}
 PANELS = ("passkey", "vt", "niah_single", "niah_multikey", "niah_multivalue", "perplexity")
 TITLES = {"passkey": "passkey", "vt": "variable tracking (vt)", "niah_single": "NIAH single",
           "niah_multikey": "NIAH multi-key", "niah_multivalue": "NIAH multi-value", "perplexity": "perplexity"}
@@ -104,12 +105,12 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
             series = data[model].get(panel, {})
             misses = sorted(nofit.get(model, {}).get(panel, set()))
             xs_all = sorted({x for s in series.values() for x in s} | set(misses))
-            for m, (label, color, marker, ls) in STYLE.items():
+            for m, (label, color, marker, ls, size) in STYLE.items():
                 s = series.get(m)
                 if not s:
                     continue
                 xs = sorted(s)
-                ax.plot(xs, [s[x] for x in xs], marker=marker, ls=ls, color=color, label=label, ms=5, lw=1.4)
+                ax.plot(xs, [s[x] for x in xs], marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
             if misses and panel != "perplexity":
                 ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
             ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
