@@ -38,12 +38,17 @@ from .git import git, rev_parse, run_streaming
 
 #: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
 #: static libraries (the gates link the logits dumper against libllama.a), no network pieces.
+#: llama-server is configured (the RULER gates drive it over HTTP) but built only when a target names
+#: it; its web UI is left out (no npm build, no download of prebuilt assets at build time: the server
+#: then serves the API without the UI pages).
 DEFAULT_DEFINES: tuple[tuple[str, str], ...] = (
     ("CMAKE_BUILD_TYPE", "Release"),
     ("BUILD_SHARED_LIBS", "OFF"),
     ("LLAMA_CURL", "OFF"),
     ("LLAMA_OPENSSL", "OFF"),
-    ("LLAMA_BUILD_SERVER", "OFF"),
+    ("LLAMA_BUILD_SERVER", "ON"),
+    ("LLAMA_BUILD_UI", "OFF"),
+    ("LLAMA_USE_PREBUILT_UI", "OFF"),
     ("LLAMA_BUILD_TESTS", "ON"),
 )
 STAMP = "dcaforge-configure.json"

@@ -433,7 +433,7 @@ def gate(
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
     """Run the acceptance gates of the config on the builds; exit 1 when one fails."""
-    from .gate import GateHooks, run_gates
+    from .gate import GateHooks, points_table, run_gates
 
     cfg = _config(config)
     hooks = GateHooks(on_gate=lambda g: err.print(f"[bold]gate[/] {escape(g.name)} ({g.kind})", markup=True),
@@ -450,16 +450,15 @@ def gate(
                           f"{r.seconds:.0f}", r.summary)
         out.print(table)
         for r in rep.results:
-            if r.points:
-                pts = Table(title=f"{r.name}: plain vs DCA")
-                for col in ("context", "ppl plain", "ppl DCA", "passkey plain", "passkey DCA"):
-                    pts.add_column(col, justify="right")
-                for p in r.points:
-                    def f(v: Any, pct: bool = False) -> str:
-                        return "-" if v is None else (f"{v:.0%}" if pct else f"{v:.4g}")
-                    pts.add_row(str(p["ctx"]), f(p.get("ppl_plain")), f(p.get("ppl_dca")),
-                                f(p.get("passkey_plain"), True), f(p.get("passkey_dca"), True))
-                out.print(pts)
+            pts = points_table(r)
+            if pts is not None:
+                title, cols, rows = pts
+                t = Table(title=title)
+                for col in cols:
+                    t.add_column(col, justify="right")
+                for row in rows:
+                    t.add_row(*row)
+                out.print(t)
         out.print(f"results: {rep.json_path}")
         if rep.plot_path:
             out.print(f"plot:    {rep.plot_path}")

@@ -15,6 +15,7 @@ from typing import Any
 from . import REPO_ROOT
 from .confine import path_problem
 from .errors import ConfigError
+from .ruler import TASKS as RULER_TASKS
 from .yamlio import Reader, load_yaml
 
 DEFAULT_CONFIG_NAME = "dcaforge.yaml"
@@ -131,7 +132,7 @@ class FeatureConfig:
 # --- build: and gates: (read by build.py and gate.py) -----------------------------------
 
 BACKENDS = ("cmake", "llamafile")
-GATE_KINDS = ("off-identity", "noop-below-chunk", "extension")
+GATE_KINDS = ("off-identity", "noop-below-chunk", "extension", "ruler")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class GateConfig:
     kind: str                       # one of GATE_KINDS
     where: str                      # file:line of the entry, for messages
     model: Path | None = None       # a GGUF file
-    recipe: str | None = None       # or "tiny:<arch>[:<variant>]" (tests/models/tiny.py)
+    recipe: str | None = None       # or "tiny:<arch>[:<variant>]" (dcaforge/gatetools/tiny.py)
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own settings
 
 
@@ -473,8 +474,36 @@ GATE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
                          "threads": int},
     "extension": {"text": str, "trained": int, "contexts": list, "chunk": int, "local": int, "dca_args": list,
                   "extra_args": list, "ppl_ratio_max": float, "plain_ratio_min": float, "passkey_trials": int,
-                  "passkey_min": float, "threads": int},
+                  "passkey_min": float, "threads": int, "methods": list, "yarn_factor": float},
+    "ruler": {"tasks": list, "trained": int, "scales": list, "contexts": list, "methods": list, "samples": int,
+              "seed": int, "chunk": int, "local": int, "dca_args": list, "extra_args": list, "yarn_factor": float,
+              "n_predict": int, "fewshot": bool, "chat": bool, "send": str, "threads": int, "score_min": float,
+              "yarn_margin": float, "load_timeout": float, "request_timeout": float},
 }
+
+
+#: The values the gates' list settings may hold.
+GATE_CHOICES: dict[str, tuple[str, ...]] = {"methods": ("plain", "yarn", "dca"), "tasks": RULER_TASKS,
+                                            "send": ("tokens", "text")}
+
+
+def _check_gate_lists(g: Reader, i: int, options: dict[str, Any]) -> None:
+    """methods/tasks name known things once each; scales and contexts are positive numbers."""
+    for key, allowed in GATE_CHOICES.items():
+        if key not in options:
+            continue
+        value = options[key]
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if not isinstance(item, str) or item not in allowed:
+                raise g.error(key, f"'gates[{i}].{key}' takes {', '.join(allowed)}, got {item!r}")
+        if isinstance(value, list) and (not items or len(set(items)) != len(items)):
+            raise g.error(key, f"'gates[{i}].{key}' must name at least one of {', '.join(allowed)}, each once")
+    for key, kind in (("scales", (int, float)), ("contexts", (int,))):
+        for item in options.get(key, []):
+            if not isinstance(item, kind) or isinstance(item, bool) or item <= 0:
+                want = "positive numbers (multiples of the trained length)" if key == "scales" else "positive token counts"
+                raise g.error(key, f"'gates[{i}].{key}' must be {want}, got {item!r}")
 
 
 def _parse_gates(top: Reader, root: Path) -> tuple[GateConfig, ...]:
@@ -509,6 +538,7 @@ def _parse_gates(top: Reader, root: Path) -> tuple[GateConfig, ...]:
             value = g.get(key, types)
             if value is not None:
                 options[key] = list(value) if isinstance(value, list) else value
+        _check_gate_lists(g, i, options)
         if "text" in options:
             options["text"] = _rel_path(options["text"], root)
         out.append(GateConfig(name=name, kind=kind, where=g.where(), options=options, recipe=recipe,

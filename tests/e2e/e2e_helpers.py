@@ -82,8 +82,8 @@ def _write_config() -> None:
 
 def cmake_flags() -> list[str]:
     flags = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
-             # llama-server and rpc-server (tests/e2e/test_e2e_serve.py): the web UI is left out (no npm
-             # build, no download of prebuilt assets: the server embeds an empty asset table)
+             # llama-server (the ruler gate, tests/e2e/test_e2e_serve.py) without its web UI (no npm build, no
+             # download of prebuilt assets), and the RPC backend with rpc-server (tests/e2e/test_e2e_rpc.py)
              "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_RPC=ON",
              "-DLLAMA_BUILD_APP=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
              "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=ON"]

@@ -1,6 +1,8 @@
 """`dcaforge build` and `dcaforge gate` on the real tree (the fixtures build with `dcaforge build`):
 a second build is a no-op, and the configured gates pass on the tiny models (off-identity against
-the baseline build, no-op below one chunk, and a smoke run of the extension gate's machinery)."""
+the baseline build, no-op below one chunk, and a smoke run of the extension gate's machinery) and
+on the trained model (extension; ruler through llama-server, which the gate builds on first use:
+test_e2e_ruler.py checks its results)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def test_gates_pass_with_table_json_and_plot(e2e_env):
     out = WORKSPACE / "upstream-gates"
     res = json.loads((out / "results.json").read_text())
     assert res["passed"] is True
-    assert {g["name"] for g in res["gates"]} == {"off-identity", "noop-below-chunk", "extension", "extension-smoke"}
+    assert {g["name"] for g in res["gates"]} == {"off-identity", "noop-below-chunk", "extension", "ruler", "extension-smoke"}
     off = next(g for g in res["gates"] if g["kind"] == "off-identity")
     assert off["metrics"]["fa_on"]["identical"] and off["metrics"]["fa_off"]["identical"]
     ext = next(g for g in res["gates"] if g["name"] == "extension-smoke")
@@ -35,7 +37,15 @@ def test_gates_pass_with_table_json_and_plot(e2e_env):
     pts = {pt["ctx"]: pt for pt in trained["points"]}
     assert pts[2048]["ppl_dca"] <= 1.15 * pts[256]["ppl_plain"]
     assert pts[2048]["ppl_plain"] >= 2.0 * pts[256]["ppl_plain"]
+    # and below YaRN's (measured: 4.60 against 5.75, one window of the held-out text at 2048)
+    assert pts[2048]["ppl_dca"] < pts[2048]["ppl_yarn"] < pts[2048]["ppl_plain"]
     assert (out / "gates.png").read_bytes()[:4] == b"\x89PNG"
+    # the passkey panel has points: the smoke gate's measured passkeys (a random model: 0, drawn at 0, where a
+    # prompt fits) and the ruler gate's on the trained model
+    smoke = {pt["ctx"]: pt for pt in next(g for g in res["gates"] if g["name"] == "extension-smoke")["points"]}
+    assert smoke[256]["passkey_dca"] is None and smoke[1024]["passkey_dca"] in (0.0, 1.0)
+    rul = next(g for g in res["gates"] if g["name"] == "ruler")
+    assert any(pt["task"] == "passkey" and pt["dca"] is not None for pt in rul["points"])
     assert "PASS" in p.stdout
 
     p = dcaforge("gate", "--only", "noop-below-chunk", "--json")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from . import tiny
+from dcaforge.gatetools import tiny
 
 
 def load_tensors(path: str) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 // dca_logits: evaluate a token sequence with llama.cpp and dump every position's logits.
 //
-// Build (tests/models/build_logits.py does this):
+// Build (dcaforge/gatetools/build_logits.py does this):
 //   g++ -O2 -std=c++17 [-DDCA] -I<tree>/include -I<tree>/ggml/include dca_logits.cpp \
 //       <build>/src/libllama.a <build>/ggml/src/libggml.a <build>/ggml/src/libggml-cpu.a \
 //       <build>/ggml/src/libggml-base.a -fopenmp -lpthread -ldl -lm -o dca_logits

@@ -3,7 +3,7 @@
 One model per architecture that patch 0078-dca hooks: qwen2, qwen3, qwen3moe, llama,
 gemma3 (sliding/global mix), gemma4 (sliding/global mix, head dim 512 on the global layers and
 64 on the sliding ones, a global layer without attn_v (K = V), two shared-KV layers).
-Keys and tensors follow ../../../shared/reference/tiny-gguf.md (llama.cpp 0c1e57098).
+Keys and tensors follow the project's tiny-gguf reference notes (llama.cpp 0c1e57098).
 
 Every model has the same byte-level tokenizer (258 tokens: the 256 GPT-2 byte characters, then
 <|bos|> = 256 and <|endoftext|> = 257) and a trained context of 256 tokens.
@@ -20,7 +20,7 @@ gemma4, whose shared-KV layout needs four layers). With one layer the K and V of
 on that token only, so a context shift (cells removed and positions moved) must give exactly the
 cache a fresh evaluation at the new positions gives: the K-shift check of the DCA tests.
 
-CLI: python -m tests.models.tiny OUTDIR [--arch A ...] [--variant normal|zero-global|one-layer] [--seed N]
+CLI: python -m dcaforge.gatetools.tiny OUTDIR [--arch A ...] [--variant normal|zero-global|one-layer] [--seed N]
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def ensure(outdir: str, arch: str, variant: str = "normal", seed: int = DEFAULT_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.models.tiny", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dcaforge.gatetools.tiny", description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
     ap.add_argument("--arch", action="append", choices=ARCHS, help="repeatable; default: all")
     ap.add_argument("--variant", action="append", choices=VARIANTS,

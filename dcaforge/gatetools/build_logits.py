@@ -1,4 +1,4 @@
-"""Compile tests/cpp/dca_logits.cpp against a llama.cpp tree and its cmake build dir.
+"""Compile dca_logits.cpp (package data, next to this module) against a llama.cpp tree and its cmake build dir.
 
 The program links llama.cpp's static libraries (BUILD_SHARED_LIBS=OFF): libllama.a and the
 libggml*.a found under the build dir. The binary is cached under
@@ -6,7 +6,7 @@ $DCAFORGE_CACHE_DIR/dca_logits (default ~/.cache/dcaforge/dca_logits), keyed by 
 source, the tree's public headers, the libraries' contents and the flags, so a rebuilt
 library gives a new binary.
 
-    python -m tests.models.build_logits TREE BUILD [--dca|--no-dca]
+    python -m dcaforge.gatetools.build_logits TREE BUILD [--dca|--no-dca]
 prints the binary's path.
 """
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "cpp" / "dca_logits.cpp"
+SRC = Path(__file__).resolve().parent / "dca_logits.cpp"
 
 
 def cache_dir() -> Path:
@@ -91,7 +91,7 @@ def build(tree: str | os.PathLike, build_dir: str | os.PathLike, dca: bool | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.models.build_logits")
+    ap = argparse.ArgumentParser(prog="python -m dcaforge.gatetools.build_logits")
     ap.add_argument("tree")
     ap.add_argument("build")
     g = ap.add_mutually_exclusive_group()

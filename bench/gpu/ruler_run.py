@@ -1,0 +1,118 @@
+"""The ruler gate's measurement (dcaforge.gate.measure_ruler) on a machine without a clean room: the
+GPU box has a llama.cpp build and models, not the git room that `dcaforge gate` needs.
+
+    python bench/gpu/ruler_run.py run --server BIN/llama-server --model M.gguf --name NAME --out DIR \
+        [--options '{"tasks": ["vt"], "scales": [1, 4, 8], ...}']
+        writes DIR/ruler-NAME.json (the gate's result: points, per-sample records, per-server GPU memory)
+        and prints the table
+    python bench/gpu/ruler_run.py plot DIR/ruler-*.json --png gates.png
+        the gates' figure from those results (needs matplotlib; run it where the results come back)
+    python bench/gpu/ruler_run.py table DIR/ruler-*.json
+        one line per task, context and method: score, prompt tokens, prompt speed, peak GPU memory
+
+The options are the ruler gate's settings (README, "ruler"); the same code runs as in `dcaforge gate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dcaforge.config import GATE_OPTIONS, GateConfig
+from dcaforge.errors import DcaforgeError
+from dcaforge.gate import GateResult, measure_ruler, points_table
+from dcaforge.plot import plot
+
+
+def _load(paths: list[str]) -> list[GateResult]:
+    out = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        out.append(GateResult(**{f.name: d[f.name] for f in dataclasses.fields(GateResult) if f.name in d}))
+    return out
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    options = json.loads(a.options)
+    unknown = set(options) - set(GATE_OPTIONS["ruler"])
+    if unknown:
+        print(f"unknown ruler option(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    logs = out / f"logs-{a.name}"
+    logs.mkdir(parents=True, exist_ok=True)
+    n = [0]
+
+    def log_path(what: str) -> Path:
+        n[0] += 1
+        return logs / f"{n[0]:03d}-{what}.log"
+
+    g = GateConfig(name=a.name, kind="ruler", where="ruler_run.py", model=Path(a.model), options=options)
+    try:
+        res = measure_ruler(Path(a.server), Path(a.model), g, log_path, lambda s: print(s, flush=True))
+    except DcaforgeError as exc:
+        print(f"error: {exc.message} ({exc.where})\n{exc.details or ''}", file=sys.stderr)
+        return 1
+    (out / f"ruler-{a.name}.json").write_text(json.dumps(dataclasses.asdict(res), indent=1, sort_keys=True) + "\n")
+    print(f"{res.name}: {'PASS' if res.passed else 'FAIL'}: {res.summary}")
+    print_table([res])
+    return 0 if res.passed else 1
+
+
+def print_table(results: list[GateResult]) -> None:
+    for r in results:
+        t = points_table(r)
+        if t is None:
+            continue
+        title, cols, rows = t
+        print(f"# {title}")
+        print("\t".join(cols))
+        for row in rows:
+            print("\t".join(row))
+        mem = {(s["ctx"], s["method"]): s for s in r.metrics.get("servers", [])}
+        recs = [x for x in r.metrics.get("samples", []) if x.get("score") is not None]
+        if recs:
+            print("# per sample: task ctx method idx tokens score prompt_t/s gen_t/s fit_s gpu_MiB_peak other_gpu_procs")
+            for x in recs:
+                s = mem.get((x["ctx"], x["method"]), {})
+                print(f"{x['task']}\t{x['ctx']}\t{x['method']}\t{x['index']}\t{x['prompt_tokens']}\t{x['score']:.2f}\t"
+                      f"{x.get('prompt_per_second') or 0:.0f}\t{x.get('predicted_per_second') or 0:.1f}\t"
+                      f"{x.get('fit_seconds', '')}\t{s.get('gpu_mib_peak', '-')}\t{s.get('gpu_other_processes', '-')}")
+        errs = [x for x in r.metrics.get("samples", []) if x.get("error")]
+        for x in errs[:10]:
+            print(f"# {x['task']} {x['ctx']} {x['method']} #{x['index']}: {x['error'][:160]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ruler_run.py")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--server", required=True)
+    r.add_argument("--model", required=True)
+    r.add_argument("--name", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--options", default="{}")
+    p = sub.add_parser("plot")
+    p.add_argument("results", nargs="+")
+    p.add_argument("--png", required=True)
+    t = sub.add_parser("table")
+    t.add_argument("results", nargs="+")
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        return cmd_run(a)
+    results = _load(a.results)
+    if a.cmd == "table":
+        print_table(results)
+        return 0
+    path = plot(results, Path(a.png), lambda s: print(s, file=sys.stderr))
+    print(path or "no figure")
+    return 0 if path else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

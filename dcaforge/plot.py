@@ -1,0 +1,143 @@
+"""The gates' figure (``gates.png``): accuracy and perplexity against context length, one line per
+method (plain rope, YaRN, DCA), one row per model, one panel per measure: passkey, the RULER
+tasks (vt, niah_*), perplexity. A point not measured is left out (a gap), a panel without any point
+says so; a measured 0 is drawn at 0.
+
+matplotlib is an extra (``pip install 'dcaforge[plots]'``): without it the gates run, write their
+results and say that the figure was left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+#: label, colour, marker, line style, marker size: drawn in this order, largest first, so equal values stay visible
+STYLE = {"plain": ("plain rope", "#7f7f7f", "o", "--", 9), "yarn": ("YaRN", "#ff7f0e", "^", "-.", 6.5),
+         "dca": ("DCA", "#1f77b4", "s", "-", 4)}
+PANELS = ("passkey", "vt", "niah_single", "niah_multikey", "niah_multivalue", "perplexity")
+TITLES = {"passkey": "passkey", "vt": "variable tracking (vt)", "niah_single": "NIAH single",
+          "niah_multikey": "NIAH multi-key", "niah_multivalue": "NIAH multi-value", "perplexity": "perplexity"}
+MISSING = ("the figure (gates.png) was left out: matplotlib is not installed; "
+           "pip install 'dcaforge[plots]' (or matplotlib) to get it")
+
+
+class _Result(Protocol):
+    name: str
+    kind: str
+    passed: bool
+    metrics: dict[str, Any]
+    points: list[dict[str, Any]]
+
+
+Series = dict[str, dict[int, float]]  # method -> context -> value
+
+
+def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], dict[str, int], dict[str, dict[str, set[int]]]]:
+    """{model: {panel: {method: {ctx: value}}}} from the extension (perplexity, passkey) and ruler
+    (its tasks, passkey included) gates, each model's trained length, and {model: {panel: contexts}}
+    where the task's prompt does not fit the context."""
+    data: dict[str, dict[str, Series]] = {}
+    trained: dict[str, int] = {}
+    nofit: dict[str, dict[str, set[int]]] = {}
+    for r in results:
+        if not r.points or r.kind not in ("extension", "ruler"):
+            continue
+        model = str(r.metrics.get("model") or r.name)
+        if r.metrics.get("trained"):
+            trained[model] = int(r.metrics["trained"])
+        panels = data.setdefault(model, {})
+        for p in r.points:
+            ctx = int(p["ctx"])
+            if r.kind == "ruler":
+                if p.get("tokens") is None:
+                    nofit.setdefault(model, {}).setdefault(str(p["task"]), set()).add(ctx)
+                    panels.setdefault(str(p["task"]), {})
+                for m in STYLE:
+                    if p.get(m) is not None:
+                        panels.setdefault(str(p["task"]), {}).setdefault(m, {})[ctx] = float(p[m])
+            else:
+                if any(f"passkey_{m}" in p for m in STYLE) and all(p.get(f"passkey_{m}") is None for m in STYLE):
+                    nofit.setdefault(model, {}).setdefault("passkey", set()).add(ctx)  # llama-passkey's prompt is longer
+                    panels.setdefault("passkey", {})
+                for m in STYLE:
+                    if p.get(f"ppl_{m}") is not None:
+                        panels.setdefault("perplexity", {}).setdefault(m, {})[ctx] = float(p[f"ppl_{m}"])
+                    if p.get(f"passkey_{m}") is not None:
+                        panels.setdefault("passkey", {}).setdefault(m, {})[ctx] = float(p[f"passkey_{m}"])
+    return data, trained, nofit
+
+
+def _ctx_label(x: int) -> str:
+    if x >= 1 << 20 and x % (1 << 20) == 0:
+        return f"{x >> 20}M"
+    if x >= 1024 and x % 1024 == 0:
+        return f"{x >> 10}k"
+    return str(x)
+
+
+def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None) -> Path | None:
+    """Write the figure; None when no gate has points to draw, or matplotlib is missing (``on_step``
+    is told why)."""
+    data, trained, nofit = collect(results)
+    if not data:
+        return None
+    try:
+        import matplotlib
+    except ImportError:
+        if on_step:
+            on_step(MISSING)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in PANELS if any(p in d for d in data.values())]
+    if "passkey" not in panels:  # always shown: an empty one says passkey was not measured
+        panels.insert(0, "passkey")
+    models = sorted(data)
+    fig, axes = plt.subplots(len(models), len(panels), figsize=(3.1 * len(panels), 2.7 * len(models) + 0.5),
+                             squeeze=False)
+    for row, model in zip(axes, models, strict=True):
+        xs_row = sorted({x for s in data[model].values() for v in s.values() for x in v} | ({trained[model]} if model in trained else set()))
+        for ax, panel in zip(row, panels, strict=True):
+            series = data[model].get(panel, {})
+            misses = sorted(nofit.get(model, {}).get(panel, set()))
+            xs_all = sorted({x for s in series.values() for x in s} | set(misses))
+            for m, (label, color, marker, ls, size) in STYLE.items():
+                s = series.get(m)
+                if not s:
+                    continue
+                xs = sorted(s)
+                ax.plot(xs, [s[x] for x in xs], marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
+            if misses and panel != "perplexity":
+                ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
+            ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if not xs_all:
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            ax.set_xscale("log", base=2)  # every panel of a row on the same axis: the model's contexts
+            ax.set_xlim(xs_row[0] / 1.25, xs_row[-1] * 1.25)
+            ax.set_xticks(xs_row, [_ctx_label(x) for x in xs_row])
+            ax.minorticks_off()
+            if model in trained:
+                ax.axvline(trained[model], color="grey", lw=0.8, ls=":")
+            if panel == "perplexity":
+                ax.set_yscale("log")
+                vals = [v for s in series.values() for v in s.values() if v > 0 and math.isfinite(v)]
+                if vals and max(vals) / min(vals) < 10:
+                    ax.set_yscale("linear")
+            else:
+                ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("context (tokens)", fontsize=7)
+            ax.legend(fontsize=6, loc="best")
+    fig.suptitle("accuracy and perplexity against context length (dotted: trained length); "
+                 + ("PASS" if all(r.passed for r in results) else "FAIL"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return path
