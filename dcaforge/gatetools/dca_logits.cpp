@@ -15,6 +15,7 @@
 
 #include "llama.h"
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <cmath>
 #include <cstdint>
@@ -57,6 +58,9 @@ static void usage(const char * argv0) {
         "  --state-at P --state-save FILE   evaluate [0, P), llama_state_save_file, evaluate [P, n)\n"
         "  --state-at P --state-load FILE   llama_state_load_file (exit 5 if refused), evaluate [P, n);\n"
         "                         both output the n-P rows of [P, n)\n"
+        "  --rpc HOST:PORT[,...]  add the devices of these rpc-servers (a build with -DGGML_RPC=ON)\n"
+        "  -ngl N                 layers offloaded to the non-CPU devices (default 0; with --rpc: the RPC\n"
+        "                         devices, so N below the layer count is a partial offload)\n"
         "  -v                     llama.cpp logs\n"
 #ifdef DCA
         "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
@@ -102,6 +106,8 @@ int main(int argc, char ** argv) {
     int      shift_at = 0;
     int      state_at = 0;
     std::string state_save, state_load;
+    std::string rpc;
+    int      ngl      = 0;
 #ifdef DCA
     bool     dca      = false;
     int      dca_chunk = 0;
@@ -137,6 +143,8 @@ int main(int argc, char ** argv) {
         else if (a == "--state-at")                 state_at = std::stoi(next());
         else if (a == "--state-save")               state_save = next();
         else if (a == "--state-load")               state_load = next();
+        else if (a == "--rpc")                      rpc = next();
+        else if (a == "-ngl" || a == "--n-gpu-layers") ngl = std::stoi(next());
         else if (a == "-v")                         g_verbose = true;
 #ifdef DCA
         else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
@@ -155,8 +163,24 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
+    if (!rpc.empty()) {
+        // the RPC backend's registration entry point, as common/arg.cpp's --rpc finds it
+        ggml_backend_reg_t rpc_reg = ggml_backend_reg_by_name("RPC");
+        auto add_server = rpc_reg ? (ggml_backend_reg_t (*)(const char *)) ggml_backend_reg_get_proc_address(rpc_reg, "ggml_backend_rpc_add_server") : nullptr;
+        if (!add_server) {
+            fprintf(stderr, "error: --rpc: this build has no RPC backend (-DGGML_RPC=ON)\n");
+            return 2;
+        }
+        size_t b = 0;
+        while (b <= rpc.size()) {
+            const size_t e = std::min(rpc.find(',', b), rpc.size());
+            ggml_backend_register(add_server(rpc.substr(b, e - b).c_str()));
+            b = e + 1;
+        }
+    }
+
     llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
+    mparams.n_gpu_layers = ngl;
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
     if (!model) {
         fprintf(stderr, "error: failed to load %s\n", model_path.c_str());

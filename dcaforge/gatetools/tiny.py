@@ -151,8 +151,10 @@ def _is_swa(spec: Spec, il: int) -> bool:
     return bool(spec.swa) and spec.swa[il]
 
 
-def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEED) -> str:
-    """Write the tiny model of `arch` to `path`; returns path."""
+def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEED,
+          n_ctx_train: int = N_CTX_TRAIN, kv: dict[str, int | float | str] | None = None) -> str:
+    """Write the tiny model of `arch` to `path`; returns path. n_ctx_train: the GGUF's context_length;
+    kv: more metadata, "{arch}" in a key replaced by the arch (int -> uint32, float -> float32, str)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")
     spec = spec_for_variant(arch, variant)
@@ -161,7 +163,7 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
 
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"dcaforge-tiny-{arch}-{variant}")
-    w.add_context_length(N_CTX_TRAIN)
+    w.add_context_length(n_ctx_train)
     w.add_embedding_length(E)
     w.add_block_count(spec.n_layer)
     w.add_feed_forward_length(F)
@@ -194,6 +196,16 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
         w.add_shared_kv_layers(spec.n_shared_kv)
     if spec.softcap is not None:
         w.add_final_logit_softcapping(spec.softcap)
+    for key, value in (kv or {}).items():
+        key = key.replace("{arch}", arch)
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
 
     # tokenizer: BOS + raw bytes
     w.add_tokenizer_model("gpt2")

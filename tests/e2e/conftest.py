@@ -48,3 +48,20 @@ def e2e_env(dca_tree: Tree, base_tree: Tree):
     os.environ["DCAFORGE_BASE_TREE"] = str(base_tree.src)
     os.environ["DCAFORGE_BASE_BUILD"] = str(base_tree.build)
     return dca_tree, base_tree
+
+
+#: what the serving tests need from the clean room's build (tests/e2e/test_e2e_serve.py, test_e2e_rpc.py;
+#: `dcaforge gate` tasks that drive llama-server can build the same list)
+SERVE_TARGETS = "llama llama-server ggml-rpc-server test-backend-ops"
+
+
+@pytest.fixture(scope="session")
+def serve_tree(cleanroom: Path) -> Tree:
+    """The patched build with `llama-server` and `ggml-rpc-server` (LLAMA_BUILD_SERVER=ON with the web UI left
+    out, GGML_RPC=ON: e2e_helpers.cmake_flags), built once per session with ccache, incrementally."""
+    p = dcaforge("build", "--targets", SERVE_TARGETS)
+    assert p.returncode == 0, f"dcaforge build failed:\n{p.stdout}\n{p.stderr[-4000:]}"
+    tree = Tree(cleanroom, cleanroom / "build")
+    for exe in ("llama-server", "ggml-rpc-server"):
+        assert tree.bin(exe).exists(), f"{tree.bin(exe)} was not built"
+    return tree

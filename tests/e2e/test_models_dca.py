@@ -369,8 +369,9 @@ def reference_logits(models_dir):
 
 
 # (S, w): the defaults (c = 160: chunks 0..2 in 400 tokens), short chunks (c = 80: five chunks, many
-# inter keys), and c = 92 < w = 100 (allowed with a warning; succ never clamps)
-REF_SW = [(S, W), (100, 20), (192, 100)]
+# inter keys), and c = 102 just above w = 90 (succ clamps only for p mod c > 90; c <= w is refused,
+# tests/e2e/test_e2e_guards.py)
+REF_SW = [(S, W), (100, 20), (192, 90)]
 
 
 @pytest.mark.parametrize("sw", REF_SW, ids=[f"S{a}-w{b}" for a, b in REF_SW])

@@ -40,14 +40,14 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
-          freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """x [n, H, d], pos [n] -> roped copy (ggml_rope_ext, no YaRN, freq_scale 1)."""
+          freq_factors: np.ndarray | None = None, freq_scale: float = 1.0) -> np.ndarray:
+    """x [n, H, d], pos [n] -> roped copy (ggml_rope_ext, no YaRN; freq_scale: linear rope scaling)."""
     x = x.copy()
     half = n_rot // 2
     inv = base ** (-2.0 * np.arange(half) / n_rot)
     if freq_factors is not None:
         inv = inv / freq_factors[:half]
-    theta = pos[:, None].astype(np.float64) * inv[None, :]       # [n, half]
+    theta = pos[:, None].astype(np.float64) * inv[None, :] * freq_scale   # [n, half]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     if neox:
         x0, x1 = x[..., :half].copy(), x[..., half:n_rot].copy()
@@ -115,10 +115,10 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
-            cache_types: tuple[str, str] | None = None, variant: str = "normal") -> np.ndarray:
+            cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0) -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
-    such a cache (None: exact attention)."""
+    such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling."""
     spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -176,7 +176,7 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
                 k = _rms(k, eps) * T[p + "attn_k_norm.weight"]
             if arch == "gemma4":
                 v = _rms(v, eps)
-            k = _rope(k, kpos_dca if is_dca else pos, n_rot, base, neox, ff)
+            k = _rope(k, kpos_dca if is_dca else pos, n_rot, base, neox, ff, freq_scale)
             if cache_types is not None:
                 k = _roundtrip(k.reshape(n, Hkv * hd), cache_types[0]).reshape(n, Hkv, hd)
                 v = _roundtrip(v.reshape(n, Hkv * hd), cache_types[1]).reshape(n, Hkv, hd)
@@ -185,9 +185,9 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             k, v = kv[n_layer_kv - (2 if swa else 1)]
 
         if is_dca:
-            qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff) for r in range(3)]
+            qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff, freq_scale) for r in range(3)]
         else:
-            qs = [_rope(q, pos, n_rot, base, neox, ff)]
+            qs = [_rope(q, pos, n_rot, base, neox, ff, freq_scale)]
 
         if arch == "gemma3":
             qs = [qq / np.sqrt(hd) for qq in qs]
