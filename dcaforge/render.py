@@ -53,8 +53,9 @@ class AltSpec:
     anchor: str
     action: str | None = None  # None: the edit's
     count: int | None = None
-    text: str | None = None
+    text: str | None = None  # the body's Jinja source (read from text_file when that is set)
     when: str | None = None
+    text_file: str | None = None  # the body's template, relative to the feature folder
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,10 @@ class EditSpec:
     anchor: str
     count: int
     action: str
-    text: str
+    text: str  # the body's Jinja source (read from text_file when that is set)
     when: str | None = None
     alternatives: tuple[AltSpec, ...] = ()
+    text_file: str | None = None  # the body's template, relative to the feature folder
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,43 @@ def _relpath(r: Reader, key: str, value: str) -> str:
     if p.is_absolute() or ".." in p.parts or not value.strip():
         raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}")
     return p.as_posix()
+
+
+def _feature_file(r: Reader, key: str, value: str, folder: Path) -> str:
+    """A file of the feature folder named by ``key``: relative, no '..', there, and (symlinks
+    resolved) still inside the folder."""
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts or not value.strip():
+        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the feature folder {folder}, got {value!r}",
+                      hint="write it relative to the folder of manifest.yaml, without '..'")
+    path = folder / p
+    if not path.is_file():
+        raise r.error(key, f"'{r.key(key)}': no such file {path}",
+                      hint=f"create it, or fix the path (relative to {folder})")
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise r.error(key, f"'{r.key(key)}' = {value!r} leads out of the feature folder (to {path.resolve()})",
+                      hint="templates must live inside the feature folder: copy the file there instead of linking it")
+    return p.as_posix()
+
+
+def _text(r: Reader, folder: Path, *, required: bool) -> tuple[str | None, str | None]:
+    """An edit's or alternative's body: ``text`` (inline) or ``text_file`` (a template of the
+    feature folder): (the Jinja source, text_file or None)."""
+    if r.has("text") and r.has("text_file"):
+        raise r.error("text_file", f"'{r.key('text')}' and '{r.key('text_file')}' are both set",
+                      hint="keep one: the body inline (text) or in a template file (text_file)")
+    name = r.get("text_file", str)
+    if name is None:
+        if required and r.get("text", str) is None:
+            raise ConfigError(f"missing key '{r.key('text')}'", where=r.where(),
+                              hint="add 'text:' (the body inline) or 'text_file:' (a template of the feature folder)")
+        return r.get("text", str), None
+    rel = _feature_file(r, "text_file", name, folder)
+    try:
+        source = (folder / rel).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise r.error("text_file", f"'{r.key('text_file')}': {folder / rel} is not UTF-8 text ({exc.reason})") from None
+    return source, rel
 
 
 def _when(r: Reader) -> str | None:
@@ -150,9 +189,7 @@ def load_manifest(folder: Path) -> Manifest:
         line = top.list_lines("files")[i]
         r = Reader(item, file, f"files[{i}]", line)
         r.check_keys({"template", "dest", "mode", "when_exists", "when"})
-        template = _relpath(r, "template", r.get("template", str, required=True))
-        if not (folder / template).is_file():
-            raise r.error("template", f"template file not found: {folder / template}")
+        template = _feature_file(r, "template", r.get("template", str, required=True), folder)
         when = r.get("when_exists", str)
         files.append(FileSpec(index=i, line=line, template=template,
                               dest=_relpath(r, "dest", r.get("dest", str, required=True)),
@@ -163,7 +200,7 @@ def load_manifest(folder: Path) -> Manifest:
     for i, item in enumerate(top.get("edits", list, default=[])):
         line = top.list_lines("edits")[i]
         r = Reader(item, file, f"edits[{i}]", line)
-        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "alternatives"})
+        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives"})
         target = r.get("file", (str, list), required=True)
         cands = [target] if isinstance(target, str) else list(target)
         if not cands or not all(isinstance(c, str) for c in cands):
@@ -176,13 +213,16 @@ def load_manifest(folder: Path) -> Manifest:
         raw_alts = r.get("alternatives", list, default=[])
         for k, alt in enumerate(raw_alts):
             ar = Reader(alt, file, f"edits[{i}].alternatives[{k}]", r.list_lines("alternatives")[k])
-            ar.check_keys({"anchor", "action", "count", "text", "when"})
+            ar.check_keys({"anchor", "action", "count", "text", "text_file", "when"})
+            alt_text, alt_file = _text(ar, folder, required=False)
             alts.append(AltSpec(index=k + 1, line=ar.line, anchor=_anchor(ar), action=_action(ar, required=False),
-                                count=_count(ar), text=ar.get("text", str), when=_when(ar)))
+                                count=_count(ar), text=alt_text, when=_when(ar), text_file=alt_file))
+        text, text_file = _text(r, folder, required=True)
+        assert text is not None
         edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
                               when_exists=_relpath(r, "when_exists", when) if when else None,
                               anchor=anchor, count=count, action=action or "",
-                              text=r.get("text", str, required=True), when=_when(r), alternatives=tuple(alts)))
+                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file))
     return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
 
 
@@ -366,8 +406,25 @@ def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     }
 
 
+class _FolderLoader(jinja2.FileSystemLoader):
+    """The feature folder's templates, and nothing a link inside it points to outside of it (a
+    ``text_file``, a ``files:`` template or an ``{% include %}``)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(str(folder))
+        self.folder = folder.resolve()
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
+        source, filename, uptodate = super().get_source(environment, template)
+        if not Path(filename).resolve().is_relative_to(self.folder):
+            raise ConfigError(f"template {template!r} leads out of the feature folder (to {Path(filename).resolve()})",
+                              where=filename, hint="templates must live inside the feature folder: copy the file "
+                                                   "there instead of linking it")
+        return source, filename, uptodate
+
+
 def _env(folder: Path) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+    return jinja2.Environment(loader=_FolderLoader(folder), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 
 
@@ -384,13 +441,31 @@ def render_template(cfg: Config, tree: Tree, folder: Path, source: str, where: s
     return _render_str(_env(folder), source, _context(cfg, tree), where)
 
 
-def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], folder: Path) -> str:
+def _template_line(exc: BaseException, filename: str) -> int | None:
+    """The template line a Jinja runtime error came from (Jinja rewrites the traceback to it)."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _render_file(env: jinja2.Environment, template: str, ctx: dict[str, Any], folder: Path,
+                 used_by: str | None = None) -> str:
+    """Render a template of the feature folder; errors name its file and line (and ``used_by``,
+    the manifest key that names it)."""
+    path = folder / template
+    also = f" (the body of {used_by})" if used_by else ""
     try:
         return env.get_template(template).render(ctx)
     except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(f"template syntax error: {exc.message}", where=f"{folder / template}:{exc.lineno}") from None
+        raise ConfigError(f"template syntax error: {exc.message}{also}", where=f"{path}:{exc.lineno}") from None
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"template error: {exc}", where=str(folder / template), hint=CONTEXT_HINT) from None
+        line = _template_line(exc, str(path))
+        raise ConfigError(f"template error: {exc}{also}", where=f"{path}:{line}" if line else str(path),
+                          hint=CONTEXT_HINT) from None
 
 
 def _true(env: jinja2.Environment, when: str | None, ctx: dict[str, Any], where: str) -> bool:
@@ -422,13 +497,18 @@ def apply_edit(text: str, found: list[re.Match[str]], action: str, body: str) ->
     return text
 
 
-def _variants(edit: EditSpec) -> list[tuple[int, str, str, int, str, str | None, int]]:
-    """(variant, anchor, action, count, text, when, manifest line): the edit's own anchor, then its alternatives."""
-    out: list[tuple[int, str, str, int, str, str | None, int]] = [
-        (0, edit.anchor, edit.action, edit.count, edit.text, None, edit.line)]
+Body = tuple[str, str | None, str]  # (Jinja source, text_file or None, the manifest key that holds it)
+
+
+def _variants(edit: EditSpec) -> list[tuple[int, str, str, int, Body, str | None, int]]:
+    """(variant, anchor, action, count, body, when, manifest line): the edit's own anchor, then its alternatives."""
+    own: Body = (edit.text, edit.text_file, f"edits[{edit.index}].{'text_file' if edit.text_file else 'text'}")
+    out: list[tuple[int, str, str, int, Body, str | None, int]] = [
+        (0, edit.anchor, edit.action, edit.count, own, None, edit.line)]
     for a in edit.alternatives:
-        out.append((a.index, a.anchor, a.action or edit.action, a.count or edit.count,
-                    edit.text if a.text is None else a.text, a.when, a.line))
+        key = f"edits[{edit.index}].alternatives[{a.index - 1}].{'text_file' if a.text_file else 'text'}"
+        body = own if a.text is None else (a.text, a.text_file, key)
+        out.append((a.index, a.anchor, a.action or edit.action, a.count or edit.count, body, a.when, a.line))
     return out
 
 
@@ -540,16 +620,20 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     hint="adjust the anchor or add one to 'alternatives:' (try `dcaforge render --check`), "
                          "or guard the edit with 'when_exists:' or 'when:'")
             continue
-        variant, anchor, action, count, body_src, found, lines = fitted
+        variant, anchor, action, count, (body_src, body_file, key), found, lines = fitted
         rep.variant, rep.anchor, rep.action, rep.count = variant, anchor, action, count
         rep.matches, rep.match_lines = len(found), lines
-        where = f"{manifest.where(edit.line)} (edits[{edit.index}].{'text' if variant == 0 else _label(variant) + '.text'})"
-        body = _render_str(env, body_src, ctx, where)
+        if body_file is not None:  # through the folder's loader, so an error names the body's file and line
+            body = _render_file(env, body_file, ctx, manifest.folder, f"{key} of {manifest.where(edit.line)}")
+        else:
+            body = _render_str(env, body_src, ctx, f"{manifest.where(edit.line)} ({key})")
         try:
             texts[full] = apply_edit(text, found, action, body)
         except (re.error, IndexError) as exc:
-            raise ConfigError(f"edit #{edit.index}: bad group reference in 'text': {exc}",
-                              where=manifest.where(edit.line)) from None
+            raise ConfigError(f"edit #{edit.index}: bad group reference in '{key}'"
+                              + (f" ({manifest.folder / body_file})" if body_file else "") + f": {exc}",
+                              where=manifest.where(edit.line),
+                              hint="a replace body is a `re` replacement template: write a literal backslash as \\\\") from None
     for full, text in texts.items():
         mode = outputs[full][1] if full in outputs else tree.mode(full)
         outputs[full] = (text.encode("utf-8"), mode)

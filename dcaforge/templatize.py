@@ -201,6 +201,11 @@ def hand_written(template: str) -> bool:
     return bool(_JINJA_OPEN.search(_GENERATED.sub("", template)))
 
 
+# While merging, an entry's body is under "text" (its Jinja source) and, when the old manifest kept
+# it in a file, that file's name is under _BODY_FILE; _bodies_to_files then decides text or text_file.
+_BODY_FILE = "_text_file"
+
+
 def _alt_dict(a: Any) -> dict[str, Any]:
     d: dict[str, Any] = {}
     if a.when is not None:
@@ -209,6 +214,8 @@ def _alt_dict(a: Any) -> dict[str, Any]:
     for key in ("action", "count", "text"):
         if getattr(a, key) is not None:
             d[key] = getattr(a, key)
+    if a.text_file is not None:
+        d[_BODY_FILE] = a.text_file
     return d
 
 
@@ -224,6 +231,8 @@ def _edit_dict(e: EditSpec, file: str | None = None, anchor: str | None = None, 
         d["count"] = e.count
     d["action"] = action or e.action
     d["text"] = text if text is not None else e.text
+    if e.text_file is not None:  # the body stays in its file (with the room's text, if that changed)
+        d[_BODY_FILE] = e.text_file
     if e.alternatives:
         d["alternatives"] = [_alt_dict(a) for a in e.alternatives]
     return d
@@ -303,7 +312,9 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
                 out.templates[spec.template] = (old.folder / spec.template).read_text(encoding="utf-8")
                 out.files.append(_file_dict(spec.template, spec.dest, None if spec.mode is None else f"0{spec.mode:o}", spec))
                 out.kept += 1
-        used = {f.template for f in old.files}
+        # the old bodies are written again from the entries that still use them (_bodies_to_files)
+        used = {f.template for f in old.files} | {x.text_file for e in old.edits for x in (e, *e.alternatives)
+                                                  if x.text_file is not None}
         for p in sorted(old.folder.rglob("*")):
             rel = p.relative_to(old.folder).as_posix()
             if p.is_file() and rel != "manifest.yaml" and rel not in used and rel not in out.templates:
@@ -359,7 +370,57 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
             elif oe.alternatives or oe.when is not None or oe.when_exists or len(oe.files) > 1 or hand_written(oe.text):
                 out.notes.append(f"{_edit_name(oe)}: its anchor is no longer what the room's change needs; the edit and "
                                  "what was written by hand in it (alternatives, when, file list) are dropped: re-add them")
+    _bodies_to_files(out)
     return out
+
+
+_NOT_A_NAME = frozenset("""
+    auto bool break case char class const constexpr continue default define double else endif endraw enum
+    extern false float for ifdef ifndef include inline int8_t int16_t int32_t int64_t long mutable nullptr
+    override private public raw return short signed size_t static struct switch template true typedef
+    typename uint8_t uint16_t uint32_t uint64_t unsigned virtual void while GGML_API LLAMA_API
+""".split())
+
+
+def body_name(file: str, text: str, taken: set[str] | dict[str, str | None]) -> str:
+    """A new body's template name, ``edits/<target file>/<its first C name, e.g. dca-flags>.inc.j2``,
+    not one of ``taken`` (rename it at will: templatize keeps the names it finds)."""
+    plain = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", text, flags=re.S)
+    words = [w for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]{3,}", plain) if w not in _NOT_A_NAME]
+    code = [w for w in words if "_" in w.strip("_")]  # a C name rather than a word of a comment
+    stem = re.sub(r"[^a-z0-9]+", "-", (code or words or ["edit"])[0].lower()).strip("-") or "edit"
+    name, k = f"edits/{file}/{stem}.inc.j2", 1
+    while name in taken:
+        k += 1
+        name = f"edits/{file}/{stem}-{k}.inc.j2"
+    return name
+
+
+def _bodies_to_files(out: _Merged) -> None:
+    """Each edit's and alternative's body: in the file it had (kept, with the room's text), else in
+    a new file when it is longer than one line, else inline (``text``)."""
+    entries = [(e, e["file"] if isinstance(e["file"], str) else e["file"][0]) for e in out.edits]
+    entries += [(a, f) for e, f in list(entries) for a in e.get("alternatives", [])]
+    taken: dict[str, str | None] = {**{rel: None for rel in out.extra}, **out.templates}
+    names: list[str | None] = []
+    for d, _file in entries:  # first the names the old manifest gave, so new names never take them
+        name = d.pop(_BODY_FILE, None)
+        if name is not None and taken.get(name, d.get("text")) != d.get("text"):
+            name = None  # shared by two bodies that the room made different: the second gets a new file
+        if name is not None:
+            taken[name] = d["text"]
+        names.append(name)
+    for (d, file), name in zip(entries, names, strict=True):
+        if "text" not in d:
+            continue
+        if name is None and len(d["text"].splitlines()) > 1:
+            name = body_name(file, d["text"], taken)
+            taken[name] = d["text"]
+        if name is not None:
+            out.templates[name] = d["text"]
+            items = [("text_file", name) if k == "text" else (k, v) for k, v in d.items()]
+            d.clear()
+            d.update(items)
 
 
 def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> _Merged:

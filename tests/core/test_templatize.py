@@ -211,3 +211,96 @@ def test_templatize_refuses_a_hand_written_part_that_breaks_the_room(project) ->
     assert any("no longer what the room's change needs" in n for n in res.notes)
     assert (cfg.feature.templates / "manifest.yaml").read_text() == before
     assert broken != before
+
+
+def _multi_line_edit(room: Path) -> str:
+    """A hand edit of several lines (a block with a leading blank line and the marker) in src/llama.cpp."""
+    llama = room / "src/llama.cpp"
+    block = f"\n{MARKER}: begin\nstatic int dca_block(int x) {{\n    return x + 1;\n}}\n"
+    llama.write_text(llama.read_text().replace("int line_040 = 40;\n", "int line_040 = 40;\n" + block, 1))
+    return llama.read_text()
+
+
+def _body_files(folder: Path, under: str = "edits/src/llama.cpp") -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): p.read_text() for p in sorted((folder / under).rglob("*"))
+            if p.is_file()}
+
+
+def test_templatize_writes_a_multi_line_body_as_a_file_and_keeps_its_name(project) -> None:
+    cfg = project.config
+    apply(cfg)
+    expected = _multi_line_edit(cfg.room)
+    templatize(cfg)
+    folder = cfg.feature.templates
+    m = load_manifest(folder)
+    # the body is a template file named after its first identifier, the manifest holds no multi-line text
+    assert _body_files(folder) == {"edits/src/llama.cpp/dca-block.inc.j2":
+                                   "\n{{ marker }}: begin\nstatic int dca_block(int x) {\n"
+                                   "    return x + 1;\n}\n"}
+    edit = next(e for e in m.edits if e.text_file is not None)
+    assert edit.files == ("src/llama.cpp",) and edit.action == "insert_after"
+    assert all(len(x.text.splitlines()) <= 1 for e in m.edits for x in (e, *e.alternatives)
+               if x.text_file is None and x.text is not None)
+    assert "text_file: edits/src/llama.cpp/dca-block.inc.j2\n" in (folder / "manifest.yaml").read_text()
+    # a name given by hand survives templatize, byte for byte, while the room is unchanged
+    (folder / "edits/src/llama.cpp/dca-block.inc.j2").rename(folder / "edits/src/llama.cpp/helper.inc.j2")
+    manifest = (folder / "manifest.yaml").read_text().replace("dca-block.inc.j2", "helper.inc.j2")
+    (folder / "manifest.yaml").write_text(manifest)
+    templatize(cfg)
+    assert (folder / "manifest.yaml").read_text() == manifest
+    assert list(_body_files(folder)) == ["edits/src/llama.cpp/helper.inc.j2"]
+    # the room changes the body: the same file gets the new text, the manifest stays as it was
+    llama = cfg.room / "src/llama.cpp"
+    llama.write_text(llama.read_text().replace("return x + 1;", "return x + 2;"))
+    expected = llama.read_text()
+    templatize(cfg)
+    assert (folder / "manifest.yaml").read_text() == manifest
+    assert "    return x + 2;\n" in (folder / "edits/src/llama.cpp/helper.inc.j2").read_text()
+    # a fresh room renders exactly the room's file from it, and the round trip holds
+    patch = capture(cfg).path
+    apply(cfg, fresh=True)
+    assert (cfg.room / "src/llama.cpp").read_text() == expected
+    verify(cfg, patch, fresh_render=True)
+    # the room drops the change: its body file goes with the edit (no file is left that nothing uses)
+    llama.write_text((project.source / "src/llama.cpp").read_text())
+    templatize(cfg)
+    assert _body_files(folder) == {}
+    assert "edits/src/llama.cpp/" not in (folder / "manifest.yaml").read_text()
+    # (conftest's two-line gemma4 replace is a body file too, named after its first C name)
+    assert "text_file: edits/src/models/gemma4.cpp/ggml-rope-ext.inc.j2\n" in (folder / "manifest.yaml").read_text()
+    project.assert_source_untouched()
+
+
+def test_templatize_keeps_body_files_of_alternatives_and_edits_for_other_trees(project) -> None:
+    """Hand-written body files (an alternative's own body; an edit skipped on the room's tree)
+    are kept, with their names, when templatize runs again."""
+    import yaml
+
+    cfg = project.config
+    apply(cfg)
+    _multi_line_edit(cfg.room)
+    templatize(cfg)
+    folder = cfg.feature.templates
+    doc = yaml.safe_load((folder / "manifest.yaml").read_text())
+    mine = next(e for e in doc["edits"] if "text_file" in e)
+    mine["alternatives"] = [{"anchor": "(?m)^int line_041 = 41;\\n",
+                             "text_file": "edits/src/llama.cpp/dca-block.older-trees.inc.j2"}]
+    doc["edits"].append({"file": "src/llama.cpp", "when": "not tree.has('src/models/gemma4.cpp')",
+                         "anchor": "(?m)^int line_050 = 50;\\n", "action": "insert_after",
+                         "text_file": "edits/src/llama.cpp/old-trees-only.inc.j2"})
+    (folder / "edits/src/llama.cpp/dca-block.older-trees.inc.j2").write_text("int older = 1; {{ marker }}\n\n")
+    (folder / "edits/src/llama.cpp/old-trees-only.inc.j2").write_text(
+        "{% if vars.chunk > 0 %}\nint old_only = {{ vars.chunk }};\n{% endif %}\n")
+    from dcaforge.templatize import HEADER, _Dumper
+    (folder / "manifest.yaml").write_text(HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000))
+    manifest = (folder / "manifest.yaml").read_text()
+    bodies = _body_files(folder)
+    res = templatize(cfg)
+    assert res.notes == ()
+    assert (folder / "manifest.yaml").read_text() == manifest
+    assert _body_files(folder) == bodies and len(bodies) == 3
+    m = load_manifest(folder)
+    assert m.edits[-1].text_file == "edits/src/llama.cpp/old-trees-only.inc.j2"
+    alt = next(e for e in m.edits if e.alternatives).alternatives[0]
+    assert (alt.text_file, alt.text) == ("edits/src/llama.cpp/dca-block.older-trees.inc.j2",
+                                         "int older = 1; {{ marker }}\n\n")
