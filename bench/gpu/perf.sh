@@ -16,6 +16,8 @@
 #                 dca0 (LLAMA_DCA_FUSED=0: the previous core), and for 1 sequence plain-nog / dca-nog
 #                 (GGML_CUDA_DISABLE_GRAPHS=1: does DCA keep CUDA graphs working?)
 #   table       the ratio table (bench/gpu/perf_table.py) of every speed log in $OUT
+#   profile     where the time goes: nsys (when installed) over plain and dca, prompt 32k + 128 generated, per-kernel
+#               totals (CUDA graphs traced per node) -> $OUT/prof-<variant>.txt, top kernels printed
 # Logs go to $OUT (default /tmp/out). A typical call, with a build made: bash bench/gpu/perf.sh ops speed1 speed4 table
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -95,6 +97,31 @@ step_speed4() {
             bench_one 4seq     "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4
             bench_one 4seq-kvu "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4 -kvu
         done
+    done
+}
+
+step_profile() {
+    local nsys; nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    [ -n "$nsys" ] || { echo "profile: no nsys on this machine"; return 0; }
+    mkdir -p ~/llb/prof
+    for v in plain dca dca0; do
+        local env=() dca=()
+        [ "$v" != plain ] && dca=("${DCA[@]}")
+        [ "$v" = dca0 ] && env=(LLAMA_DCA_FUSED=0)
+        env "${env[@]}" "$nsys" profile --force-overwrite true --cuda-graph-trace=node -o ~/llb/prof/"$v" \
+            "$BIN/llama-batched-bench" "${COMMON[@]}" "${dca[@]}" -c 33024 -npp 32768 -ntg 128 -npl 1 \
+            > "$OUT/prof-$v.log" 2>&1
+        "$nsys" stats --report cuda_gpu_kern_sum --format csv -o "$OUT/prof-$v" ~/llb/prof/"$v".nsys-rep \
+            > "$OUT/prof-$v-stats.log" 2>&1
+        echo "== profile $v: kernels by total GPU time"
+        python3 - "$OUT/prof-$v"*cuda_gpu_kern_sum*.csv <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+tot = sum(float(r["Total Time (ns)"]) for r in rows)
+print(f"kernels: {len(rows)} kinds, {sum(int(r['Instances']) for r in rows)} launches, {tot / 1e6:.1f} ms in all")
+for r in rows[:15]:
+    print(f"{float(r['Time (%)']):5.1f}% {float(r['Total Time (ns)']) / 1e6:9.2f} ms {int(r['Instances']):7d}x  {r['Name'][:110]}")
+PY
     done
 }
 
