@@ -11,14 +11,17 @@
 #               test-dca -b CUDA0 (every core mode against the double reference), test-dca perf -b CUDA0 (the DCA
 #               core per mode against one plain FA, decode and a 512-token ubatch at 16k)
 #   speed1      1 sequence, prompt 32k and 64k, 128 generated; speed4: 4 sequences of 15k (-npl 4), one KV stream
-#               each and unified (-kvu). Variants, alternating, $ROUNDS rounds (default 3):
+#               each and unified (-kvu). Variants, alternating, $ROUNDS rounds (default 3; $VARIANTS1 and
+#               $VARIANTS4 choose them):
 #                 plain, dca (default: fused merge + stacked decode), dca1 (LLAMA_DCA_FUSED=1: fused merge only),
 #                 dca0 (LLAMA_DCA_FUSED=0: the previous core), and for 1 sequence plain-nog / dca-nog
 #                 (GGML_CUDA_DISABLE_GRAPHS=1: does DCA keep CUDA graphs working?)
 #   table       the ratio table (bench/gpu/perf_table.py) of every speed log in $OUT
-#   profile     where the time goes: nsys (when installed) over plain and dca, prompt 32k + 128 generated, per-kernel
-#               totals (CUDA graphs traced per node) -> $OUT/prof-<variant>.txt, top kernels printed
-# Logs go to $OUT (default /tmp/out). A typical call, with a build made: bash bench/gpu/perf.sh ops speed1 speed4 table
+#   profile     where the time goes: nsys (when installed) over plain, dca and dca0, prompt 32k + 128 generated,
+#               per-kernel totals (CUDA graphs traced per node, $OUT/prof-<variant>_cuda_gpu_kern_sum.csv), top printed
+# Output: $OUT (default /tmp/out): the table in perf-table.txt, every log in one archive, perf-logs.tgz (the device tool
+# brings back at most 8 files). With a build made, two calls of a few minutes each:
+#   bash bench/gpu/perf.sh ops speed1 table        then        bash bench/gpu/perf.sh speed4 table profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -93,7 +96,7 @@ step_speed1() {
 
 step_speed4() {
     for round in $(seq 1 "${ROUNDS:-3}"); do
-        for v in ${VARIANTS4:-plain dca dca0}; do
+        for v in ${VARIANTS4:-plain dca dca1 dca0}; do
             bench_one 4seq     "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4
             bench_one 4seq-kvu "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4 -kvu
         done
@@ -129,11 +132,21 @@ step_table() {
     python3 "$ROOT/bench/gpu/perf_table.py" "$OUT" | tee "$OUT/perf-table.txt"
 }
 
+pack_logs() { # every log and csv of $OUT into one archive (added to by later calls), the table stays
+    local f=(); for x in "$OUT"/*.log "$OUT"/*.csv; do [ -f "$x" ] && f+=("${x##*/}"); done
+    [ ${#f[@]} -gt 0 ] || return 0
+    local dir; dir=$(mktemp -d)
+    [ -f "$OUT/perf-logs.tgz" ] && tar xzf "$OUT/perf-logs.tgz" -C "$dir"
+    cp "${f[@]/#/$OUT/}" "$dir/" && tar czf "$OUT/perf-logs.tgz" -C "$dir" . && rm -f "${f[@]/#/$OUT/}"
+    rm -rf "$dir"
+}
+
 if [ "${1:-}" = pack ]; then
     PACK_SRC=${2:-} step_pack
     exit $?
 fi
 mkdir -p "$OUT"
+trap pack_logs EXIT
 for s in "$@"; do
     echo "== $s ($(date -u +%H:%M:%S))"
     "step_$s" || { echo "step $s failed"; exit 1; }
