@@ -1,5 +1,5 @@
 """CUDA compile check of the rendered tree (CI has nvcc but no GPU): the new LSE flash-attention
-files and every upstream CUDA file the feature edits compile for sm_86 (the users' RTX 3090) and
+and LSE-merge files and every upstream CUDA file the feature edits compile for sm_86 (the users' RTX 3090) and
 sm_90 (H200). Objects only: this machine has no libcuda, and cuBLAS comes as headers from PyPI."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ CUBLAS = "nvidia-cublas==13.0.0.19"
 OBJ = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/"
 TARGETS = [
     "fattn-lse.cu.o",                     # new: the op
+    "fattn-lse-merge.cu.o",               # new: the LSE merge op
     "fattn.cu.o",                         # kernel selection, launch
     "ggml-cuda.cu.o",                     # dispatch, supports_op, alloc size
     "fattn-tile.cu.o",                    # tile kernel
