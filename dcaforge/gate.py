@@ -756,7 +756,7 @@ def run_gates(cfg: Config, *, only: Sequence[str] = (), hooks: GateHooks | None 
     hooks = hooks or GateHooks()
     if not cfg.gates:
         raise GateError("the config declares no gates", where=cfg.describe(),
-                        hint="add a 'gates:' list (name, kind, model or recipe, thresholds); see the README")
+                        hint="add a 'gates:' list (name, kind, model or recipe, thresholds); see docs/workflow.md (gate) and docs/config.md")
     names = [g.name for g in cfg.gates]
     for n in only:
         if n not in names:

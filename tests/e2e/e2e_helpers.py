@@ -74,7 +74,7 @@ def _write_config() -> None:
         "CMAKE_CUDA_FLAGS": f"-I{stubs / 'include'}"}
     data.setdefault("gates", []).append({
         "name": "extension-smoke", "kind": "extension", "recipe": "tiny:qwen2",
-        "text": str(REPO / "README.md"), "contexts": [256, 512, 1024],
+        "text": str(REPO / "docs" / "workflow.md"), "contexts": [256, 512, 1024],
         "chunk": 192, "local": 32, "ppl_ratio_max": 100.0, "passkey_trials": 1})
     WORKSPACE.mkdir(parents=True, exist_ok=True)
     CONFIG.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,9 +1,9 @@
 """How many cases the hostile-input suite has, counted by pytest's own collection.
 
     python tests/hostile/count.py          # prints the number
-    python tests/hostile/count.py --write  # and puts it into the README's Reliability section
+    python tests/hostile/count.py --write  # and puts it into docs/reliability.md (Reliability)
 
-``test_count.py`` fails when the README's number is not the collected one.
+``test_count.py`` fails when the number in docs/reliability.md is not the collected one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+README = REPO / "docs" / "reliability.md"
 MARK = re.compile(r"<!-- hostile-count -->\*\*(\d+) cases\*\*<!-- /hostile-count -->")
 
 
@@ -39,7 +39,7 @@ def main() -> None:
         text = README.read_text(encoding="utf-8")
         new, k = MARK.subn(f"<!-- hostile-count -->**{n} cases**<!-- /hostile-count -->", text)
         if k != 1:
-            raise SystemExit("the README has no <!-- hostile-count --> mark")
+            raise SystemExit("docs/reliability.md has no <!-- hostile-count --> mark")
         if new != text:
             README.write_text(new, encoding="utf-8")
 

@@ -1,4 +1,4 @@
-"""The README's Reliability section states the hostile suite's size as collected (see count.py)."""
+"""docs/reliability.md (Reliability) states the hostile suite's size as collected (see count.py)."""
 
 from __future__ import annotations
 
@@ -13,4 +13,4 @@ import count  # noqa: E402
 def test_readme_states_how_many_cases_there_are() -> None:
     n = count.count()
     assert n >= 150
-    assert count.stated() == n, f"the README says {count.stated()}, pytest collects {n}: python tests/hostile/count.py --write"
+    assert count.stated() == n, f"docs/reliability.md says {count.stated()}, pytest collects {n}: python tests/hostile/count.py --write"
