@@ -136,10 +136,11 @@ def render(
 ) -> None:
     """Render the feature templates into the clean room (idempotent)."""
     from . import render as rmod
+    from .drift import check as do_check
 
     cfg = _config(config)
     if check or tree is not None:
-        res = _call(lambda: rmod.check(cfg, tree))
+        res = _call(lambda: do_check(cfg, tree))
         # plain aligned lines (not a table that folds long paths): greppable in logs and CI
         rows = [("#", "file", "action", "fit", "matches", "status", "note")]
         rows += [(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}", e.status, e.note)

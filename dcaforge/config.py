@@ -199,6 +199,11 @@ class Config:
     def feature_patch(self) -> Path:
         return self.series.dir / self.feature.patch_name
 
+    @property
+    def llama_prefix(self) -> str:
+        """``llama_cpp_dir`` as a prefix of room-relative paths: ``""`` or ``"dir/"``."""
+        return "" if self.llama_cpp_dir in ("", ".") else self.llama_cpp_dir.rstrip("/") + "/"
+
     def describe(self) -> str:
         return str(self.path) if self.path else "(built in)"
 

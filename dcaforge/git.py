@@ -479,6 +479,15 @@ class CheckoutInfo:
     common_dir: Path | None = None  # the repository's shared git directory (the main .git of linked worktrees)
     submodules_wip: tuple[str, ...] = ()  # submodules (paths) with uncommitted files inside them
 
+    @property
+    def folders(self) -> list[Path]:
+        """The folders of the user's that dcaforge never writes: the work tree, its git directory and
+        the repository's common one (a linked worktree's main worktree included)."""
+        out = [self.toplevel] + [d for d in (self.git_dir, self.common_dir) if d is not None]
+        if self.common_dir is not None and self.common_dir.name == ".git":
+            out.append(self.common_dir.parent)  # the main worktree of a linked one
+        return out
+
 
 def _user_git(cwd: Path, args: list[str], *extra: str) -> Result:
     """git in the user's checkout: isolated config, every command-running setting switched off,

@@ -19,59 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from . import confine
+from . import trust as consent
 from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
 from .errors import CommandError, ConfigError, DcaforgeError, InterruptedRun, MismatchError, SafetyError
 from .git import git, git_out, patch_cmd, repair_repo_config, rev_parse, status_porcelain
+from .patchfile import NUMBERED, Failure, Patch, git_failure, gnu_failure, gnu_names, load_patch, numstat_names, preimage_blobs, read_patch
+from .render import hand_edited_files, render_feature
 from .source import BaseSource, prepare
 
-_NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
 TRAILER = "dcaforge-patch"
-#: Larger patch files are refused before they are read (the whole llamafile series is a few MiB).
-MAX_PATCH_BYTES = 256 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    path: Path
-    number: int | None
-    style: str  # "git" (git apply) or "gnu" (patch -p1)
-    sha256: str
-
-    @property
-    def stem(self) -> str:
-        return self.name.rsplit(".", 1)[0]
-
-
-@dataclass(frozen=True)
-class Hunk:
-    file: str
-    index: int  # 1-based, within its file
-    header: str
-    old_start: int
-    line: int  # line in the patch file
 
 
 # --- discovery ------------------------------------------------------------------------
-
-def _load_patch(path: Path, name: str) -> Patch:
-    try:
-        size = path.stat().st_size
-        if size > MAX_PATCH_BYTES:
-            raise ConfigError(f"patch {name} is {size / 2**20:.0f} MiB, more than dcaforge reads "
-                              f"({MAX_PATCH_BYTES // 2**20} MiB)", where=str(path),
-                              hint="split it into several patches, or check that it is the file you meant")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path),
-                          hint=f"check that {path} is a readable file") from None
-    m = _NUMBERED.match(path.name)
-    style = "git" if re.search(rb"^diff --git ", data, re.MULTILINE) else "gnu"
-    return Patch(name=name, path=path, number=int(m.group(1)) if m else None, style=style,
-                 sha256=hashlib.sha256(data).hexdigest())
-
 
 def discover(cfg: Config) -> list[Patch]:
     """The series in order: the series file, else the numbered patches in ``range``, else
@@ -106,7 +67,7 @@ def discover(cfg: Config) -> list[Patch]:
             if not p.is_file():
                 raise ConfigError(f"patch listed in the series file does not exist: {name}",
                                   where=f"{sfile}:{lineno}")
-            out.append(_load_patch(p, name))
+            out.append(load_patch(p, name))
         return out
     if not sdir.is_dir():
         if cfg.series.range is not None:
@@ -114,7 +75,7 @@ def discover(cfg: Config) -> list[Patch]:
         return []
     by_number: dict[int, Path] = {}
     for p in sorted(sdir.iterdir()):
-        m = _NUMBERED.match(p.name)
+        m = NUMBERED.match(p.name)
         if not m or not p.is_file() or p.name == feature_name:
             continue
         n = int(m.group(1))
@@ -128,127 +89,11 @@ def discover(cfg: Config) -> list[Patch]:
             raise ConfigError(f"two patches numbered {n:04d}: {by_number[n].name} and {p.name}",
                               where=str(sdir), hint="renumber one of them")
         by_number[n] = p
-    return [_load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
-
-
-# --- parsing hunks, for reports ------------------------------------------------------------
-
-def _strip_path(raw: str, strip: int) -> str:
-    path = raw.split("\t", 1)[0].strip()
-    if path.startswith('"') and path.endswith('"'):
-        path = path[1:-1]
-    if path == "/dev/null":
-        return path
-    parts = path.split("/")
-    return "/".join(parts[strip:]) if len(parts) > strip else path
-
-
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def parse_hunks(text: str, strip: int = 1) -> list[Hunk]:
-    hunks: list[Hunk] = []
-    lines = text.splitlines()
-    cur = "?"
-    old = "?"
-    idx = 0
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("diff --git "):
-            m = re.match(r'diff --git "?a/(.+?)"? "?b/(.+?)"?$', line)
-            cur = m.group(2) if m else cur
-            idx = 0
-        elif line.startswith("--- "):
-            old = _strip_path(line[4:], strip)
-        elif line.startswith("+++ "):
-            new = _strip_path(line[4:], strip)
-            cur = old if new == "/dev/null" else new
-            idx = 0
-        else:
-            m = _HUNK_RE.match(line)
-            if m:
-                idx += 1
-                hunks.append(Hunk(file=cur, index=idx, header=line, old_start=int(m.group(1)), line=i + 1))
-                old_n = int(m.group(2) or 1) if m.group(2) != "0" else 0
-                new_n = int(m.group(4) or 1) if m.group(4) != "0" else 0
-                while (old_n > 0 or new_n > 0) and i + 1 < len(lines):
-                    i += 1
-                    c = lines[i][:1]
-                    if c == " " or lines[i] == "":
-                        old_n -= 1
-                        new_n -= 1
-                    elif c == "-":
-                        old_n -= 1
-                    elif c == "+":
-                        new_n -= 1
-        i += 1
-    return hunks
-
-
-@dataclass(frozen=True)
-class Failure:
-    patch: Patch
-    file: str | None
-    hunk: Hunk | None
-    reason: str
-
-    def where(self, head: str) -> str:
-        """``head``, then the failing file and hunk when known (the ``where:`` line of the error)."""
-        where = head
-        if self.file:
-            where += f", file {self.file}"
-        if self.hunk:
-            where += f", hunk #{self.hunk.index} {self.hunk.header} (patch line {self.hunk.line})"
-        return where
-
-
-def _find_hunk(hunks: list[Hunk], file: str | None, *, old_start: int | None = None,
-               index: int | None = None) -> Hunk | None:
-    cands = [h for h in hunks if h.file == file]
-    for h in cands:
-        if (old_start is not None and h.old_start == old_start) or (index is not None and h.index == index):
-            return h
-    return cands[0] if cands else None
-
-
-def _git_failure(patch: Patch, stderr: str) -> Failure:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    hunks = parse_hunks(text)
-    reason_lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    m = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.MULTILINE)
-    if m:
-        file = m.group(1)
-        return Failure(patch, file, _find_hunk(hunks, file, old_start=int(m.group(2))), "\n".join(reason_lines))
-    m = re.search(r"^error: (.+?): (.+)$", stderr, re.MULTILINE)
-    if m and not m.group(1).startswith(("corrupt patch", "unrecognized input", "No valid patches")):
-        file = m.group(1)
-        return Failure(patch, file, _find_hunk(hunks, file), "\n".join(reason_lines))
-    return Failure(patch, None, None, "\n".join(reason_lines) or "git apply failed")
-
-
-def _gnu_failure(patch: Patch, output: str) -> Failure:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    hunks = parse_hunks(text)
-    cur: str | None = None
-    for line in output.splitlines():
-        m = re.match(r"^(?:checking|patching) file (.+)$", line)
-        if m:
-            cur = m.group(1).strip().strip("'")
-            continue
-        m = re.match(r"^Hunk #(\d+) FAILED at (\d+)", line)
-        if m:
-            return Failure(patch, cur, _find_hunk(hunks, cur, index=int(m.group(1))), output.strip())
-        if "can't find file to patch" in line or "No file to patch" in line or "Skipping patch" in line \
-                or "already exists" in line or "Only garbage" in line or "malformed patch" in line:
-            return Failure(patch, cur, _find_hunk(hunks, cur) if cur else None, output.strip())
-    return Failure(patch, cur, None, output.strip() or "patch failed")
+    return [load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
 
 
 def _preimages_exist(room: Path, patch: Patch) -> bool:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    olds = re.findall(r"^index ([0-9a-f]{7,64})\.\.[0-9a-f]+", text, re.MULTILINE)
-    olds = [o for o in olds if set(o) != {"0"}]
+    olds = preimage_blobs(patch)
     if not olds:
         return False
     res = git(room, "cat-file", "--batch-check", input="".join(f"{o}\n" for o in olds).encode(), check=False)
@@ -261,14 +106,6 @@ def confine_hint(patch: Patch, resume: bool) -> str:
     then = "`dcaforge apply --continue`" if resume else "`dcaforge apply` again"
     return (f"fix or remove {patch.path} (a patch may only change files of the tree, never git's own files or "
             f"anything outside it), then run {then}")
-
-
-def read_patch(patch: Patch, strip: int = 1) -> confine.ParsedPatch:
-    try:
-        return confine.parse_patch(patch.path.read_bytes(), strip)
-    except OSError as exc:
-        raise ConfigError(f"cannot read patch {patch.name}: {exc.strerror}", where=str(patch.path),
-                          hint=f"check that {patch.path} is a readable file") from None
 
 
 def check_series(patches: list[Patch], strip: int = 1) -> None:
@@ -292,39 +129,6 @@ def check_series(patches: list[Patch], strip: int = 1) -> None:
         seen[key] = patch
 
 
-def _numstat_names(out: bytes) -> list[str]:
-    """Paths of ``git apply --numstat -z`` (a rename gives both)."""
-    items = out.split(b"\0")
-    names: list[str] = []
-    i = 0
-    while i < len(items):
-        item = items[i]
-        i += 1
-        if not item:
-            continue
-        fields = item.split(b"\t", 2)
-        if len(fields) == 3 and fields[2]:
-            names.append(fields[2].decode("utf-8", "surrogateescape"))
-        elif len(fields) == 3:  # a rename: the two names follow
-            names += [x.decode("utf-8", "surrogateescape") for x in items[i:i + 2]]
-            i += 2
-    return names
-
-
-_GNU_NAME = re.compile(r"^(?:checking|patching) (?:file|symbolic link) (.+?)(?: \((?:renamed|copied) from (.+)\))?"
-                       r"(?: \(read-only\))?$")
-
-
-def gnu_names(output: str) -> list[str]:
-    """The files GNU patch says it checks or patches (QUOTING_STYLE=literal: names as they are)."""
-    names: list[str] = []
-    for line in output.splitlines():
-        m = _GNU_NAME.match(line)
-        if m:
-            names += [n for n in m.groups() if n]
-    return names
-
-
 def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = True) -> confine.ParsedPatch:
     """Refuse ``patch`` (before it is applied to ``room``) when a path it names is not a file of the
     tree: as text, and as resolved in the room's tree as it is now (symlinks followed); for a git
@@ -337,7 +141,7 @@ def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = Tr
     if patch.style == "git":
         res = git(room, "apply", "--numstat", "-z", str(patch.path), check=False)
         if res.ok:
-            confine.check_tool_paths(ref, parsed, "git apply", _numstat_names(res.stdout_bytes), hint)
+            confine.check_tool_paths(ref, parsed, "git apply", numstat_names(res.stdout_bytes), hint)
     return parsed
 
 
@@ -356,18 +160,18 @@ def apply_one(room: Path, patch: Patch) -> tuple[Failure | None, str]:
             three = git(room, "apply", "--index", "--3way", "--whitespace=nowarn", str(patch.path), check=False)
             if three.ok:
                 return None, "git apply --3way"
-            fail = _git_failure(patch, res.stderr)
+            fail = git_failure(patch, res.stderr)
             return Failure(fail.patch, fail.file, fail.hunk,
                            fail.reason + "\n3-way merge: " + (three.stderr.strip() or "conflicts")), "git apply --3way"
-        return _git_failure(patch, res.stderr), "git apply"
+        return git_failure(patch, res.stderr), "git apply"
     dry = patch_cmd(room, patch.path, dry_run=True)
     confine.check_tool_paths(confine.PatchRef(patch.name, patch.path), parsed, "GNU patch", gnu_names(dry.stdout),
                              confine_hint(patch, resume=True))
     if not dry.ok:
-        return _gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
+        return gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
     real = patch_cmd(room, patch.path, dry_run=False)
     if not real.ok:
-        return _gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
+        return gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
     touched = sorted(set(gnu_names(real.stdout)))
     # stage what the patch touched (all of the tree when GNU patch named no file)
     git(room, "--literal-pathspecs", "add", "-A", "--", *(touched or ["."]))
@@ -419,7 +223,7 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _series_record(patches: list[Patch]) -> list[dict[str, str]]:
+def series_record(patches: list[Patch]) -> list[dict[str, str]]:
     return [{"name": p.name, "sha256": p.sha256, "style": p.style} for p in patches]
 
 
@@ -499,8 +303,6 @@ def _flatten_submodules(room: Path) -> list[str]:
 
 def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result: ApplyResult,
             hooks: ApplyHooks, trust: bool) -> None:
-    from . import trust as consent
-
     room.check_can_create()
     trusted = consent.require(cfg, trust)  # before anything is made: a refusal leaves nothing behind
     room.workspace.mkdir(parents=True, exist_ok=True)
@@ -615,8 +417,6 @@ def _can_reset(cfg: Config, state: dict[str, Any], base: BaseSource, include_wip
 
 def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
     """Changes in the room that the last render did not make (hand edits)."""
-    from .render import hand_edited_files
-
     return hand_edited_files(room, state)
 
 
@@ -724,7 +524,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 hint="`dcaforge apply --fresh` makes it again with the config's (capture hand edits first)")
 
         if phase == "applied" and not cont:
-            if state.get("series") == _series_record(patches):
+            if state.get("series") == series_record(patches):
                 result.skipped_to = len(patches)
                 result.baseline = state.get("baseline")
                 result.notes.append("series unchanged since the last apply")
@@ -769,7 +569,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
         elif cont or phase in ("interrupted", "applying"):
             room.reset_hard("HEAD")
         result.skipped_to = k
-        room.update_state(phase="applying", series=_series_record(patches), failed=None, rendered=None)
+        room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
         _apply_range(room, patches, k, result, hooks)
         baseline = room.head()
         git(room.path, "tag", "-f", BASELINE_TAG, baseline)
@@ -832,18 +632,8 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
 def _finish(cfg: Config, room: Room, result: ApplyResult, render: bool, rebuilt: bool) -> ApplyResult:
     if not render:
         return result
-    from .render import render_feature
-
     if not (cfg.feature.templates / "manifest.yaml").is_file():
         result.notes.append(f"no feature templates at {cfg.feature.templates}: nothing rendered")
         return result
     result.render = render_feature(cfg, room, force=rebuilt)
     return result
-
-
-def baseline_of(room: Room) -> str:
-    sha = rev_parse(room.path, BASELINE_TAG)
-    if sha is None:
-        raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
-                            where=str(room.path), hint="dcaforge apply --continue")
-    return sha

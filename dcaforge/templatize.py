@@ -31,12 +31,13 @@ from typing import Any
 
 import yaml
 
-from .capture import changed_paths, worktree_tree
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
 from .errors import DcaforgeError
-from .git import git, rev_parse, run, tree_of
-from .render import EditSpec, GitTree, Manifest, Tree, apply_edit, find_anchor, load_manifest, plan, render_template
+from .git import git, run
+from .manifest import EditSpec, Manifest, load_manifest
+from .render import apply_edit, find_anchor, plan, render_template
+from .trees import GitTree, Tree, baseline_commit, changed_paths, tree_of, worktree_tree
 
 _JINJA_OPEN = re.compile(r"\{\{|\{%|\{#")
 _SPECIAL = {c: "\\" + c for c in "()[]{}?*+|^$\\."}
@@ -487,10 +488,8 @@ def templatize(cfg: Config) -> TemplatizeResult:
     room = Room.of(cfg)
     room.require()
     with locked(room):
-        base = rev_parse(room.path, BASELINE_TAG)
-        if base is None:
-            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="dcaforge apply")
-        prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.strip("/")
+        base = baseline_commit(room)
+        prefix = cfg.llama_prefix.rstrip("/")
         feature = feature_of(room.path, base, prefix)
         merged = write_feature(cfg, feature, cfg.feature.templates, GitTree(room.path, base))
     return TemplatizeResult(folder=cfg.feature.templates, files=len(feature.files), edits=len(feature.edits),

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import confine
-from .capture import baseline_tree, changed_paths, temp_index, tree_diff, worktree_tree
-from .cleanroom import BASELINE_TAG, Room, locked
+from .cleanroom import Room, locked
 from .config import Config
 from .errors import DcaforgeError, MismatchError
 from .git import git, git_out, patch_cmd
-from .render import GitTree, load_manifest, plan
-from .series import _series_record, discover
+from .manifest import load_manifest
+from .patchfile import parse_patch
+from .render import plan
+from .series import discover, series_record
+from .trees import GitTree, baseline_commit, baseline_tree, changed_paths, first_difference, temp_index, tree_diff, worktree_tree, write_tree
 
 
 @dataclass
@@ -40,11 +42,6 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _first_difference(repo: Path, a: str, b: str) -> str:
-    paths = changed_paths(repo, a, b)
-    return paths[0] if paths else "(none)"
-
-
 def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> None:
     args = ["apply", "--cached", "--allow-empty", "--whitespace=nowarn"] + (["-R"] if reverse else []) + [str(patch)]
     res = git(room, *args, env=env, check=False)
@@ -58,15 +55,9 @@ def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -
 
 def rendered_tree(cfg: Config, room: Room) -> str:
     """The baseline with the feature rendered fresh from the templates, as a tree (no checkout)."""
-    baseline = git_out(room.path, "rev-parse", BASELINE_TAG)
+    baseline = baseline_commit(room)
     p = plan(cfg, GitTree(room.path, baseline), load_manifest(cfg.feature.templates))
-    with temp_index(room.path, seed=False) as env:
-        git(room.path, "read-tree", baseline, env=env)
-        for rel, (data, mode) in sorted(p.outputs.items()):
-            sha = git(room.path, "hash-object", "-w", "--stdin", input=data).stdout.strip()
-            kind = "100755" if mode & 0o111 else "100644"
-            git(room.path, "update-index", "--add", "--cacheinfo", f"{kind},{sha},{rel}", env=env)
-        return git_out(room.path, "write-tree", env=env)
+    return write_tree(room.path, baseline, [(rel, data, mode) for rel, (data, mode) in sorted(p.outputs.items())])
 
 
 def _verify_gnu(room: Path, patch: Path, base: str, expected: str) -> None:
@@ -108,7 +99,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
         raise DcaforgeError(f"no patch to verify at {patch}", where=str(patch), hint="dcaforge capture")
     data = patch.read_bytes()
     # a patch handed to verify is input too: every path it names must be a file of the tree
-    confine.check_patch_text(confine.PatchRef(patch.name, patch), confine.parse_patch(data),
+    confine.check_patch_text(confine.PatchRef(patch.name, patch), parse_patch(data),
                              f"fix or remove {patch} (a patch may only change files of the tree), then verify again")
     sha = hashlib.sha256(data).hexdigest()
     with locked(room):
@@ -116,7 +107,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
         state = room.load_state()
         notes: list[str] = []
         if fresh_render:
-            if state.get("series") != _series_record(discover(cfg)):
+            if state.get("series") != series_record(discover(cfg)):
                 raise DcaforgeError("the series changed since the clean room was applied",
                                     where=str(room.path), hint="dcaforge apply, then verify again")
             expected = rendered_tree(cfg, room)
@@ -146,7 +137,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
             if forward != expected:
                 raise MismatchError(
                     f"forward-applying {patch.name} to the baseline does not give the {expected_from} tree",
-                    where=f"first differing file: {_first_difference(room.path, forward, expected)}",
+                    where=f"first differing file: {first_difference(room.path, forward, expected)}",
                     details=f"forward {forward} != expected {expected}",
                     hint="dcaforge capture, then dcaforge verify")
             _apply_cached(room.path, env, patch, reverse=True)
@@ -154,7 +145,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
             if reverse != base:
                 raise MismatchError(
                     f"reverse-applying {patch.name} does not give the baseline back",
-                    where=f"first differing file: {_first_difference(room.path, reverse, base)}",
+                    where=f"first differing file: {first_difference(room.path, reverse, base)}",
                     details=f"reverse {reverse} != baseline {base}", hint="dcaforge capture, then dcaforge verify")
         if gnu:
             _verify_gnu(room.path, patch, base, expected)

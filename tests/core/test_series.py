@@ -13,7 +13,8 @@ import pytest
 
 from dcaforge.cleanroom import Room
 from dcaforge.errors import DcaforgeError, MismatchError
-from dcaforge.series import ApplyHooks, applied_names, apply, parse_hunks
+from dcaforge.patchfile import parse_hunks
+from dcaforge.series import ApplyHooks, applied_names, apply
 
 from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, sigint_default
 

@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 from dcaforge.config import PypiSource
-from dcaforge.source import _key, _slug, prepare_pypi
+from dcaforge.source import _key, prepare_pypi, sdist_dir
 
 
 def _sdist(path: Path) -> None:
@@ -36,7 +36,7 @@ def _sdist(path: Path) -> None:
 def _prepare(cache: Path, monkeypatch) -> tuple[str, str]:
     monkeypatch.setenv("DCAFORGE_CACHE", str(cache))
     src = PypiSource("pkg==1.0", "vendor/llama.cpp")
-    sdists = cache / "sdists" / _slug(src.requirement)
+    sdists = sdist_dir(src.requirement)
     sdists.mkdir(parents=True)
     _sdist(sdists / "pkg-1.0.tar.gz")  # already "downloaded": pip is not called
     base = prepare_pypi(src)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from dcaforge.errors import ConfigError
-from dcaforge.render import DirTree, load_manifest, manifest_digest, plan
+from dcaforge.manifest import load_manifest, manifest_digest
+from dcaforge.render import plan
+from dcaforge.trees import DirTree
 
 from .conftest import write_feature
 from .helpers import build_tree, source_files

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.capture import worktree_tree
+from dcaforge.trees import worktree_tree
 from tests.core.helpers import sh, sigint_default
 
 from .conftest import Arena
