@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
     to_series = dest == Path(os.path.abspath(cfg.feature_patch))
     if dest.is_dir():
         raise DcaforgeError(f"cannot write the patch to {dest}: it is a folder", where=str(dest),
-                            hint=f"give a file name, e.g. -o {dest / cfg.feature.patch_name}")
+                            hint=f"give a file name, e.g. `dcaforge capture -o {shlex.quote(str(dest / cfg.feature.patch_name))}`")
     with locked(room):
         check_whole(cfg, room)
         base = baseline_tree(room)

@@ -20,12 +20,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
-@app.callback()
-def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log every command run")] = False,
-          version: Annotated[bool, typer.Option("--version", help="print the version")] = False) -> None:
-    if version:
+def _version(value: bool) -> None:
+    if value:
         out.print(f"dcaforge {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log every command run")] = False,
+          version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                                callback=_version)] = False) -> None:
     setup_logging(verbose)
 
 

@@ -234,7 +234,7 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
     ``vendor/llama.cpp`` of the llama-cpp-python sdist ``sdist``), classified."""
     if (tree_dir is None) == (sdist is None):
         raise DcaforgeError("give exactly one of --tree DIR and --sdist VERSION",
-                            hint="e.g. dcaforge drift --sdist 0.3.36")
+                            hint="e.g. `dcaforge drift --sdist 0.3.36`")
     flat = dataclasses.replace(cfg, llama_cpp_dir=".")  # a llama.cpp tree itself, whatever the config's layout
     tree: Tree
     if tree_dir is not None:

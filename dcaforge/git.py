@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -500,7 +501,7 @@ def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: l
     res = _user_git(top, args, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=dirty")
     if not res.ok:
         raise CommandError(f"git status failed in {top}", where=str(top), details=_tail(res.stderr),
-                           hint=f"check the checkout with `git -C {top} status`")
+                           hint=f"check the checkout with `git -C {shlex.quote(str(top))} status`")
     items = res.stdout.split("\0")
     i = 0
     before = len(changed) + len(deleted)

@@ -446,7 +446,8 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         if hand:
             raise SafetyError(f"rendering would overwrite hand edits in {', '.join(hand)}",
                               where=str(room.path),
-                              hint="`dcaforge capture` them first (then render), or `dcaforge render --force`")
+                              hint="`dcaforge templatize` writes them into the feature's templates (then `dcaforge render` "
+                                   "has nothing to overwrite); `dcaforge render --force` discards them")
     result = RenderResult(room=room.path, edits=p.edits, files=p.files)
     new_hashes = {rel: _sha(d) for rel, (d, _m) in sorted(p.outputs.items())}
     room.update_state(rendering=new_hashes)  # so an interrupted render is not taken for hand edits

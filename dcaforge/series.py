@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,14 +228,27 @@ def series_record(patches: list[Patch]) -> list[dict[str, str]]:
     return [{"name": p.name, "sha256": p.sha256, "style": p.style} for p in patches]
 
 
-def _failure_error(fail: Failure, room: Path, index: int, total: int) -> MismatchError:
+def by_hand(room: Path, patch: Patch, three_way: bool) -> str:
+    """A command that applies what it can of ``patch`` in ``room`` and leaves the rest to resolve by
+    hand (only options the tools take together: git refuses ``--3way`` with ``--reject``)."""
+    r, p = shlex.quote(str(room)), shlex.quote(str(patch.path))
+    if patch.style == "git" and three_way:
+        return f"`git -C {r} apply --3way {p}` (it leaves conflict markers in the files to resolve)"
+    if patch.style == "git":
+        return (f"`git -C {r} apply --reject {p}` (it applies the hunks that fit and leaves each other one in a "
+                "FILE.rej beside its file: apply those by hand, then delete the .rej files)")
+    return (f"`patch -d {r} -p1 --no-backup-if-mismatch -i {p}` (it applies the hunks that fit and leaves each other "
+            "one in a FILE.rej beside its file: apply those by hand, then delete the .rej files)")
+
+
+def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way: bool) -> MismatchError:
     return MismatchError(
         f"patch {index + 1}/{total} {fail.patch.name} does not apply; the clean room stays at the last good "
         f"patch ({index}/{total})",
         where=fail.where(f"{fail.patch.path}"),
         details=fail.reason,
         hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`, or resolve it by hand in {room} "
-              f"(e.g. `git -C {room} apply --3way --reject {fail.patch.path}`) and run `dcaforge apply --continue` "
+              f"(e.g. {by_hand(room, fail.patch, three_way)}) and run `dcaforge apply --continue` "
               f"to commit your resolution as this patch; `dcaforge apply --fresh` starts over"),
     )
 
@@ -320,7 +334,7 @@ def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result
         commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
         if commit is None:
             raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
-                              hint=f"git ls-remote {base.clone_url}")
+                              hint=f"see the refs it has: `git ls-remote {shlex.quote(base.clone_url)}`")
         step(f"checking out {commit[:12]}")
         git(tmp, "checkout", "-q", "--detach", commit, "--")
         if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
@@ -420,6 +434,22 @@ def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
     return hand_edited_files(room, state)
 
 
+def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
+    """``--fresh`` without ``--force``: refuse when the room holds hand edits, naming every file."""
+    try:
+        hand = _dirty_beyond_render(room, state)
+    except DcaforgeError:
+        return  # a room git cannot read: --fresh is how it is made again
+    if not hand:
+        return
+    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.get("phase") == "applied" else
+            "`dcaforge apply --continue` commits them as the patch that stopped")
+    raise SafetyError(f"--fresh would discard {len(hand)} hand-edited file{'s' if len(hand) != 1 else ''} in the clean "
+                      "room (changes the last render did not make); nothing was changed",
+                      where=str(room.path), details="\n".join(hand),
+                      hint=f"{keep}; `dcaforge apply --fresh --force` discards them")
+
+
 _NEXT_AFTER_INTERRUPT = {
     "preparing": "nothing was changed; run `dcaforge apply` again",
     "creating": "nothing was made (the partial clean room was removed); run `dcaforge apply` again",
@@ -430,19 +460,20 @@ _NEXT_AFTER_INTERRUPT = {
 
 
 def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: bool = False,
-          render: bool = True, hooks: ApplyHooks | None = None, trust: bool = False) -> ApplyResult:
+          render: bool = True, hooks: ApplyHooks | None = None, trust: bool = False, force: bool = False) -> ApplyResult:
     """``dcaforge apply``: make or refresh the clean room, apply the series, tag the baseline,
     render the feature. ``trust``: the config's bootstrap commands may run (see :mod:`dcaforge.trust`).
+    ``fresh`` refuses a room with hand edits (changes the last render did not make) unless ``force``.
 
     An interrupt (Ctrl-C, SIGTERM) leaves the room at its last completed step and raises
     :class:`InterruptedRun`, whose hint is the command that carries on; after a hard kill,
     ``apply --continue`` carries on from wherever the room is (and starts when no room was made)."""
     hooks = hooks or ApplyHooks()
     if fresh and cont:
-        raise DcaforgeError("--fresh and --continue exclude each other", hint="dcaforge apply --fresh")
+        raise DcaforgeError("--fresh and --continue exclude each other", hint="`dcaforge apply --fresh`")
     stage = ["preparing"]
     try:
-        return _apply(cfg, fresh, cont, include_wip, render, hooks, trust, stage)
+        return _apply(cfg, fresh, cont, include_wip, render, hooks, trust, force, stage)
     except InterruptedRun:
         raise
     except KeyboardInterrupt:
@@ -464,7 +495,7 @@ def _reset_to_start(room: Room, state: dict[str, Any]) -> None:
 
 
 def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool, hooks: ApplyHooks, trust: bool,
-           stage: list[str]) -> ApplyResult:
+           force: bool, stage: list[str]) -> ApplyResult:
     patches = discover(cfg)  # check first: the series is readable, and names nothing outside the tree
     check_series(patches)
     room = Room.of(cfg)
@@ -483,6 +514,8 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 if not fresh:
                     raise
                 state = {}  # --fresh makes it again
+            if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
+                _refuse_to_discard(room, state)
             if state.get("phase") == "resetting":
                 stage[0] = "resetting"
                 _reset_to_start(room, state)
@@ -497,7 +530,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 room.delete()
             elif include_wip:
                 raise SafetyError("--include-wip only applies when the clean room is made",
-                                  where=str(room.path), hint="dcaforge apply --fresh --include-wip")
+                                  where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
         elif cont:
             result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
             cont = False
@@ -515,13 +548,14 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
         if state.get("source") != base.description:
             raise DcaforgeError(
                 f"the clean room was made from {state.get('source')}, the config now says {base.description}",
-                where=str(room.path), hint="dcaforge apply --fresh")
+                where=str(room.path), hint="`dcaforge apply --fresh`")
         if state.get("bootstrap", []) != _bootstrap_record(cfg) or \
                 state.get("submodules", _submodules_record(base)) != _submodules_record(base):
             raise DcaforgeError(
                 "the clean room was made with other bootstrap steps or submodules than the config now has",
                 where=f"{room.path} (made with: {state.get('config')})",
-                hint="`dcaforge apply --fresh` makes it again with the config's (capture hand edits first)")
+                hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
+                     "writes them into the feature's templates first)")
 
         if phase == "applied" and not cont:
             if state.get("series") == series_record(patches):
@@ -536,7 +570,8 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                     f"the series changed, and the clean room has changes the last render did not make: "
                     f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
                     where=str(room.path),
-                    hint="`dcaforge capture` them first, or `dcaforge apply --fresh` to discard them")
+                    hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
+                         "again); `dcaforge apply --fresh --force` discards them")
             room.update_state(phase="applying")
             room.reset_hard(START_TAG)
             names = []
@@ -555,10 +590,17 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 "the series changed under a half-applied clean room",
                 where=str(room.path),
                 details=f"applied: {', '.join(names[-3:]) or '(none)'}",
-                hint="dcaforge apply --fresh")
+                hint="`dcaforge apply --fresh`")
         k = len(names)
         if cont and phase == "failed" and k < len(patches):
-            if status_porcelain(room.path):
+            changed = status_porcelain(room.path)
+            rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
+            if rejects:
+                raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
+                                    "nothing was committed", where=str(room.path), details="\n".join(rejects),
+                                    hint="apply their hunks by hand and delete the .rej files, then run "
+                                         "`dcaforge apply --continue` again")
+            if changed:
                 # the user resolved the failed patch by hand: commit it as that patch
                 git(room.path, "add", "-A", ".")
                 git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m",
@@ -606,7 +648,7 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
                 room.update_state(phase="failed", failed={
                     "patch": patch.name, "index": i, "file": fail.file,
                     "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
-                raise _failure_error(fail, room.path, i, total)
+                raise _failure_error(fail, room.path, i, total, method == "git apply --3way")
             tree = git_out(room.path, "write-tree")
             head = git_out(room.path, "commit-tree", tree, "-p", head, "-m", commit_message(patch))
             result.applied_now.append(patch.name)

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import sys
 import tarfile
@@ -147,7 +148,7 @@ def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Calla
         if not is_inside(tree, top) or not tree.is_dir():
             raise ConfigError(f"subdir {src.subdir!r} is not a folder of {archive.name}",
                               where=f"source.subdir ({archive})",
-                              hint=f"look inside: tar tzf {archive} | head")
+                              hint=f"look inside: `tar tzf {shlex.quote(str(archive))} | head`")
         _drop_nested_git(tree)
         tmp_bare = work / "base.git"
         git(work, "init", "-q", "--bare", str(tmp_bare))
@@ -179,7 +180,7 @@ def prepare_git(src: GitSource) -> BaseSource:
             raise ConfigError(f"source path is not a git checkout: {src.url}" + (" (a bare repository)" if bare else ""),
                               where="source.git",
                               hint=f"to clone a bare repository, write it as a URL: `git: {local.as_uri()}`" if bare
-                              else f"point source.git at a checkout (see `git -C {src.url} status`) or a URL")
+                              else f"point source.git at a checkout (see `git -C {shlex.quote(src.url)} status`) or a URL")
     return BaseSource(clone_url=src.url, ref=src.ref, description=src.describe(), checkout=checkout,
                       submodules=src.submodules)
 

@@ -111,7 +111,7 @@ def require(cfg: Config, flag: bool) -> Trust | None:
         f"{cfg.describe()} declares {len(steps)} command{'s' if len(steps) != 1 else ''} to run in the clean room "
         "(bootstrap:), and dcaforge runs a config's commands only when you trust it; nothing was run or made",
         where=f"{cfg.describe()} (bootstrap:)", details=shown,
-        hint=f"read them; if you trust them, run `dcaforge apply --trust -c {cfg.describe()}`, or add the config (or its "
+        hint=f"read them; if you trust them, run `dcaforge apply --trust`, or add the config (or its "
              f"folder, ending with /) to 'trusted:' in {settings_path()}")
 
 
@@ -126,7 +126,7 @@ def require_download(cfg: Config, flag: bool, requirement: str, cache: Path) -> 
         "its build backend (pip prepares an sdist's metadata with the package's own code), and dcaforge runs a "
         "config's commands only when you trust it; nothing was downloaded or made",
         where=f"{cfg.describe()} (source.pypi)",
-        hint=f"if you trust the package, run `dcaforge apply --trust -c {cfg.describe()}` (or list the config in "
+        hint=f"if you trust the package, run `dcaforge apply --trust` (or list the config in "
              f"{settings_path()}), or put its sdist into {cache} yourself")
 
 

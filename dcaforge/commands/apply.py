@@ -21,6 +21,8 @@ def apply(
     no_render: Annotated[bool, typer.Option("--no-render", help="stop at the baseline")] = False,
     trust: Annotated[bool, typer.Option("--trust", help="run the config's bootstrap commands (shown before they run); "
                                         "without it they run only from a config listed in the settings file")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with --fresh: discard hand edits in the clean room "
+                                        "(without it, --fresh refuses a room that has them and lists them)")] = False,
 ) -> None:
     """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
     cfg = load(config)
@@ -33,7 +35,7 @@ def apply(
         err.print(f"  {s}", markup=False)
 
     res = call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
-                                hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust))
+                                hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust, force=force))
     out.print(f"clean room: {res.room}")
     out.print(f"source:     {res.source}")
     out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"

@@ -38,7 +38,7 @@ def templatize(config: ConfigOpt = None) -> None:
               + (f"; kept {res.kept} hand-written edits/files for other trees" if res.kept else ""))
     for note in res.notes:
         err.print(f"note: {note}", style="yellow")
-    out.print(pasteable("next: dcaforge capture, then dcaforge verify --fresh-render"))
+    out.print(pasteable("next: `dcaforge capture`, then `dcaforge verify --fresh-render`"))
 
 
 def verify(

@@ -237,5 +237,5 @@ def test_series_change_reapplies_and_source_change_needs_fresh(project) -> None:
     cfg2 = project.write_config(source=f"git: {other}\nref: main")
     with pytest.raises(DcaforgeError, match="the config now says") as exc:
         apply(cfg2)
-    assert exc.value.hint == "dcaforge apply --fresh"
+    assert exc.value.hint == "`dcaforge apply --fresh`"
     assert apply(cfg2, fresh=True).created

@@ -73,7 +73,7 @@ def test_pypi_source_apply_and_fresh_reuses_the_room(tmp_path: Path, monkeypatch
     (room / "ggml/ggml.c").write_text("hand edit\n")
     (room / "build").mkdir()
     (room / "build/x.o").write_text("obj")
-    res = apply(cfg, fresh=True, render=False)
+    res = apply(cfg, fresh=True, render=False, force=True)  # --force: the hand edit goes
     assert not res.created and "fresh: reset the clean room to its start commit" in res.notes
     assert (room / "ggml/ggml.c").read_text() == "int ggml;\n" and not (room / "build").exists()
     assert (room / "src/kept.o").exists()  # tracked in the base even though .gitignore lists *.o
