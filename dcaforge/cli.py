@@ -4,13 +4,14 @@ one line each; what each command does and prints is in :mod:`dcaforge.commands`.
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Annotated, Any
 
 import typer
 
 from . import __version__
 from .commands import apply, build, gate, patch, render, status
-from .commands.common import out, setup_logging
+from .commands.common import out, run_from, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
@@ -47,6 +48,7 @@ app.command()(gate.gate)
 def main() -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+    run_from(sys.argv[1:])
     app()
 
 

@@ -14,10 +14,10 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -36,18 +36,18 @@ T = TypeVar("T")
 TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate"})
 _SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
 _HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
+_config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run
+_argv: ContextVar[list[str] | None] = ContextVar("argv", default=None)    # its command line, when run from a shell
 
 
-def given_config() -> Path | None:
-    """The ``-c`` of the command being run (None when the user gave none)."""
-    ctx = click.get_current_context(silent=True)
-    value = ctx.params.get("config") if ctx is not None else None
-    return value if isinstance(value, Path) else None
+def run_from(argv: list[str]) -> None:
+    """Record the command line as the user typed it (after ``dcaforge``), for :func:`call`'s generic next step."""
+    _argv.set(list(argv))
 
 
 def pasteable(text: str, config: Path | None = None) -> str:
     """``text`` with the ``-c`` the user gave added to every ```dcaforge COMMAND ...``` it suggests."""
-    config = config if config is not None else given_config()
+    config = config if config is not None else _config.get()
     if config is None:
         return text
 
@@ -60,25 +60,12 @@ def pasteable(text: str, config: Path | None = None) -> str:
     return _SUGGESTED.sub(add, text)
 
 
-def _replay() -> str:
+def _again_verbose() -> str:
     """The command being run, with -v: the generic next step when the library names none."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None or ctx.info_name is None:
-        return "`dcaforge -v COMMAND ...`"
-    argv = ["dcaforge", "-v", ctx.info_name]
-    positional: list[str] = []
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name or "")
-        if value is None or value is False or value == () or value == []:
-            continue
-        if isinstance(param, click.Argument):
-            positional += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
-        elif isinstance(param, click.Option) and param.is_flag:
-            argv.append(param.opts[-1] if param.opts[-1].startswith("--") else param.opts[0])
-        elif isinstance(param, click.Option):
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                argv += [param.opts[0], str(v)]
-    return f"`{shlex.join(argv + positional)}`"
+    argv = _argv.get()
+    if argv is None:
+        return "`dcaforge -v` and the same command"
+    return "`" + shlex.join(["dcaforge", *([] if {"-v", "--verbose"} & set(argv) else ["-v"]), *argv]) + "`"
 
 
 def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
@@ -96,7 +83,7 @@ def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         if exc.details:
             for line in exc.details.rstrip().splitlines():
                 err.print(f"    {line}", markup=False)
-        hint = exc.hint or f"run it again with -v to see every git/patch command it runs: {_replay()}"
+        hint = exc.hint or f"run it again with -v to see every git/patch command it runs: {_again_verbose()}"
         err.print(f"  [bold]next:[/] {escape(pasteable(str(hint)))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
@@ -106,7 +93,9 @@ def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
 
 
 def load(path: Path | None) -> Config:
-    """The config (``-c``, else ./dcaforge.yaml, else the built-in default), or the error told."""
+    """The config (``-c``, else ./dcaforge.yaml, else the built-in default), or the error told; the
+    ``-c`` given is kept for the commands that messages suggest."""
+    _config.set(path)
     return call(lambda: load_config(path))
 
 
