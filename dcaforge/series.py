@@ -233,12 +233,12 @@ def by_hand(room: Path, patch: Patch, three_way: bool) -> str:
     hand (only options the tools take together: git refuses ``--3way`` with ``--reject``)."""
     r, p = shlex.quote(str(room)), shlex.quote(str(patch.path))
     if patch.style == "git" and three_way:
-        return f"`git -C {r} apply --3way {p}` (it leaves conflict markers in the files to resolve)"
+        return f"`git -C {r} apply --3way {p}` leaves conflict markers in the files to resolve"
+    rejects = ("applies the hunks that fit and leaves each other one in a FILE.rej beside its file (apply those by "
+               "hand, then delete the .rej files)")
     if patch.style == "git":
-        return (f"`git -C {r} apply --reject {p}` (it applies the hunks that fit and leaves each other one in a "
-                "FILE.rej beside its file: apply those by hand, then delete the .rej files)")
-    return (f"`patch -d {r} -p1 --no-backup-if-mismatch -i {p}` (it applies the hunks that fit and leaves each other "
-            "one in a FILE.rej beside its file: apply those by hand, then delete the .rej files)")
+        return f"`git -C {r} apply --reject {p}` {rejects}"
+    return f"`patch -d {r} -p1 --no-backup-if-mismatch -i {p}` {rejects}"
 
 
 def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way: bool) -> MismatchError:
@@ -247,9 +247,9 @@ def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way:
         f"patch ({index}/{total})",
         where=fail.where(f"{fail.patch.path}"),
         details=fail.reason,
-        hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`, or resolve it by hand in {room} "
-              f"(e.g. {by_hand(room, fail.patch, three_way)}) and run `dcaforge apply --continue` "
-              f"to commit your resolution as this patch; `dcaforge apply --fresh` starts over"),
+        hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`; or resolve it by hand in the clean room "
+              f"({by_hand(room, fail.patch, three_way)}) and run `dcaforge apply --continue` to commit your "
+              f"resolution as this patch; `dcaforge apply --fresh` starts over"),
     )
 
 
