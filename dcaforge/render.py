@@ -319,13 +319,13 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             pristine[full] = texts[full]
         text = texts[full]
         fitted = None
-        for variant, anchor, action, count, body_src, when, line in _variants(edit):
+        for variant, anchor, action, count, body_spec, when, line in _variants(edit):
             if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
                 continue
             found = find_anchor(text, anchor)
             lines = [text.count("\n", 0, m.start()) + 1 for m in found]
             if len(found) == count:
-                fitted = (variant, anchor, action, count, body_src, found, lines)
+                fitted = (variant, anchor, action, count, body_spec, found, lines)
                 break
             if found:  # matches, but not as often as required: an error, never a reason to try the next
                 rep.status = "ambiguous"

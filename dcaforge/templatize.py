@@ -318,8 +318,8 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
                 out.files.append(_file_dict(spec.template, spec.dest, None if spec.mode is None else f"0{spec.mode:o}", spec))
                 out.kept += 1
         # the old bodies are written again from the entries that still use them (_bodies_to_files)
-        used = {f.template for f in old.files} | {x.text_file for e in old.edits for x in (e, *e.alternatives)
-                                                  if x.text_file is not None}
+        used = {f.template for f in old.files} | {e.text_file for e in old.edits if e.text_file is not None} \
+            | {a.text_file for e in old.edits for a in e.alternatives if a.text_file is not None}
         for p in sorted(old.folder.rglob("*")):
             rel = p.relative_to(old.folder).as_posix()
             if p.is_file() and rel != "manifest.yaml" and rel not in used and rel not in out.templates:

@@ -14,6 +14,7 @@ from ..build import BuildHooks, dry_run
 from ..build import Progress as BuildProgress
 from ..build import build as do_build
 from ..errors import EXIT_MISMATCH
+from ..wiring import WiringReport
 from .common import ConfigOpt, call, err, load, out
 from .render import print_wiring
 
@@ -77,7 +78,9 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None
     cfg = load(config)
     progs = [t for group in (targets or []) for t in group.split()]
     rep = call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
-    print_wiring(rep.wiring)
+    wiring = rep.wiring
+    assert isinstance(wiring, WiringReport)
+    print_wiring(wiring)
     out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
     for src, obj in rep.objects.items():
         if obj is None:
@@ -97,7 +100,7 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None
     if not rep.ok:
         for p in rep.problems:
             err.print(f"dry run: {p}", style="red", markup=False)
-        if not rep.wiring.ok:
+        if not wiring.ok:
             err.print("the build leaves out files the feature adds", style="red")
         raise typer.Exit(EXIT_MISMATCH)
     out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
