@@ -410,10 +410,6 @@ def rev_parse(cwd: Path, rev: str) -> str | None:
     return res.stdout.strip() or None if res.ok else None
 
 
-def tree_of(cwd: Path, rev: str) -> str:
-    return git_out(cwd, "rev-parse", f"{rev}^{{tree}}")
-
-
 def commit_all(cwd: Path, message: str, *, allow_empty: bool = True) -> str:
     """Stage everything in the work tree (respecting .gitignore) and commit it."""
     git(cwd, "add", "-A", ".")
