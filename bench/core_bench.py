@@ -10,7 +10,10 @@ feature (a new file and anchored edits), then times, through the CLI:
   verify
 
 The one-time download and import of the sdist is timed separately and excluded.
-Usage: python bench/core_bench.py [--work DIR] [--patches 80] [--out bench/core.md]
+Usage: python bench/core_bench.py [--work DIR] [--patches 80] [--out FILE] [--update-results]
+
+The results go to build/bench/core.md (ignored by git), or --out FILE; --update-results writes the
+committed bench/core.md and the table between the bench markers of docs/development.md instead.
 """
 
 from __future__ import annotations
@@ -121,8 +124,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--patches", type=int, default=80)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "core.md")
+    ap.add_argument("--out", type=Path, default=None, help="results file (default: build/bench/core.md)")
+    ap.add_argument("--update-results", action="store_true",
+                    help="write the committed bench/core.md and docs/development.md's table (a separate, explicit step)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = REPO / "bench" / "core.md" if args.update_results else REPO / "build" / "bench" / "core.md"
     work = args.work or Path(tempfile.mkdtemp(prefix="dcaforge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "feature" / "src").mkdir(parents=True, exist_ok=True)
@@ -161,7 +168,8 @@ def main() -> None:
     lines = [
         "# dcaforge core benchmark",
         "",
-        f"Command: `python bench/core_bench.py` (this run: {args.patches} patches, {args.runs} runs, best of each step).",
+        f"Command: `python bench/core_bench.py{' --update-results' if args.update_results else ''}` "
+        f"(this run: {args.patches} patches, {args.runs} runs, best of each step).",
         "",
         f"Machine: {platform.machine()}, {cpus} cores, Python {platform.python_version()}, "
         f"{subprocess.run(['git', '--version'], capture_output=True, text=True, check=False).stdout.strip()}.",
@@ -191,10 +199,11 @@ def main() -> None:
         "",
     ]
     text = "\n".join(lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
-    readme = REPO / "README.md"
-    if args.out.resolve() == (REPO / "bench" / "core.md").resolve() and readme.is_file():
+    readme = REPO / "docs" / "development.md"
+    if args.update_results and readme.is_file():
         start, end = "<!-- bench:start -->", "<!-- bench:end -->"
         body = readme.read_text()
         if start in body and end in body:

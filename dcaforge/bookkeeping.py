@@ -56,20 +56,6 @@ class DocUpdate:
 
 # --- where the files may be ----------------------------------------------------------------
 
-def _git_dir_above(path: Path) -> Path | None:
-    """The git directory ``path`` is in (a ``.git`` folder, a bare repository, a linked worktree's
-    git dir), or None."""
-    for part in path.parts:
-        if confine.is_dotgit(part):
-            return path
-    for anc in [path, *path.parents]:
-        if (anc / "HEAD").is_file() and (anc / "objects").is_dir() and (anc / "refs").is_dir():
-            return anc
-        if (anc / "HEAD").is_file() and (anc / "commondir").is_file() and (anc / "gitdir").is_file():
-            return anc
-    return None
-
-
 def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool = True) -> None:
     """Refuse ``path`` inside a git directory (any repository's: git's own files), inside the source
     checkout or its git directory (a linked worktree's common one and main worktree included: the
@@ -79,7 +65,7 @@ def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool =
            "checkout and 'cleanroom:'; then run the command again"
     real = Path(os.path.realpath(path))
     for candidate in (path, real):
-        gitdir = _git_dir_above(candidate)
+        gitdir = confine.git_dir_above(candidate)
         if gitdir is not None:
             raise SafetyError(f"{what} {path} is inside the git directory {gitdir} (git's own files)",
                               where=cfg.describe(), hint=hint)
@@ -90,12 +76,7 @@ def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool =
                           hint="keep it beside the series (e.g. in the series folder), outside 'cleanroom:'")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = inspect_checkout(cfg.source.local_path)
-        tops = [info.toplevel if info else cfg.source.local_path]
-        if info is not None:
-            tops += [d for d in (info.git_dir, info.common_dir) if d is not None]
-            if info.common_dir is not None and info.common_dir.name == ".git":
-                tops.append(info.common_dir.parent)  # the main worktree of a linked one
-        for top in tops:
+        for top in info.folders if info else [cfg.source.local_path]:
             if is_inside(path, top):
                 raise SafetyError(f"{what} {path} is inside the source checkout {top}, which dcaforge never writes",
                                   where=cfg.describe(), hint=hint)

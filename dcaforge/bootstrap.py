@@ -22,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import confine
 from .config import BootstrapStep, Config
 from .errors import CommandError, ConfigError, MismatchError
 from .git import git, git_out, patch_cmd, run
+from .patchfile import gnu_failure, gnu_names, load_patch, read_patch
 
 BOOTSTRAP_MESSAGE = "dcaforge: bootstrap"
 
@@ -130,9 +132,6 @@ def _step_hint(cfg: Config, step: BootstrapStep) -> str:
 
 def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, report: BootstrapReport,
                    on_step: Callable[[str], None], total: int) -> None:
-    from . import confine
-    from .series import _gnu_failure, _load_patch, gnu_names, read_patch  # the series' own GNU-patch handling
-
     assert step.patches is not None
     folder = room / step.patches
     confine.resolve_in(room, step.patches, what="bootstrap patches folder", where=step.where,
@@ -147,7 +146,7 @@ def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, rep
     for k, path in enumerate(files, 1):
         rel = f"{step.patches}/{path.name}"
         on_step(f"bootstrap {index}/{total}: [{k}/{len(files)}] {rel}")
-        patch = _load_patch(path, rel)
+        patch = load_patch(path, rel)
         hint = (f"the clean room was not created and the source is untouched. This patch belongs to the source (at "
                 f"{getattr(cfg.source, 'ref', '?')}): a patch may only change files of the tree; fix it in the source, "
                 "then run `dcaforge apply` again")
@@ -160,7 +159,7 @@ def _apply_patches(cfg: Config, room: Path, index: int, step: BootstrapStep, rep
             if dry:
                 confine.check_tool_paths(ref, parsed, "GNU patch", gnu_names(res.stdout), hint)
             if not res.ok:
-                fail = _gnu_failure(patch, res.stdout + res.stderr)
+                fail = gnu_failure(patch, res.stdout + res.stderr, step.strip)
                 raise MismatchError(
                     f"bootstrap step {index} ({step.where}): the tree's own patch {k}/{len(files)} {path.name} does "
                     f"not apply with patch -p{step.strip} --fuzz=0",

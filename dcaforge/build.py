@@ -242,9 +242,9 @@ def cosmocc_dir(tree: Path, would_run: Sequence[str] = ()) -> Path:
     folder = tree / rel
     if not (folder / "bin" / "cosmocc").exists():
         dl = cosmocc_download_command(tree, rel)
-        how = (f"`cd {tree} && {dl}` (llamafile's own rule for {rel} in build/config.mk; it downloads cosmocc.zip and "
+        how = (f"`cd {shlex.quote(str(tree))} && {dl}` (llamafile's own rule for {rel} in build/config.mk; it downloads cosmocc.zip and "
                "checks its sha256)" if dl else
-               f"`cd {tree} && build/download-cosmocc.sh {rel} <version> <sha256>` (the values are in llamafile's "
+               f"`cd {shlex.quote(str(tree))} && build/download-cosmocc.sh {rel} VERSION SHA256` (the values are in llamafile's "
                "build/config.mk)")
         raise ToolchainError(
             f"cosmocc is not in the tree: {folder}/bin/cosmocc is missing, so llamafile's make cannot run "
@@ -281,7 +281,7 @@ def ensure_baseline_worktree(cfg: Config, room: Room, keep: Sequence[str] = ()) 
     rev = rev_parse(room.path, BASELINE_TAG)
     if rev is None:
         raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
-                            where=str(room.path), hint="dcaforge apply")
+                            where=str(room.path), hint="`dcaforge apply --continue`")
     wt = baseline_path(cfg)
     if wt.exists():
         gitdir = _worktree_gitdir(wt)
@@ -457,7 +457,7 @@ def build(cfg: Config, *, cuda: bool = False, baseline: bool = False, targets: S
     with locked(room):
         if rev_parse(room.path, BASELINE_TAG) is None:
             raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
-                                where=str(room.path), hint="dcaforge apply (or apply --continue)")
+                                where=str(room.path), hint="`dcaforge apply --continue`")
         keep: tuple[str, ...] = (bc.cmake.dir, bc.cmake.cuda_dir) if bc.backend == "cmake" else ("o",)
         tree = ensure_baseline_worktree(cfg, room, keep) if baseline else room.path
         variant = "baseline" if baseline else "feature"
@@ -650,7 +650,7 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
     with locked(room):
         base = rev_parse(room.path, BASELINE_TAG)
         if base is None:
-            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="dcaforge apply")
+            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="`dcaforge apply --continue`")
         tree = room.path
         rendered = sorted((room.load_state().get("rendered") or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)

@@ -7,66 +7,18 @@ included through a temporary index (never the room's own index); ignored files a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import shutil
-from collections.abc import Iterator
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import bookkeeping
 from .bookkeeping import DocUpdate, check_outside_trees
-from .cleanroom import BASELINE_TAG, Room, locked, os_error, write_all_atomic
+from .cleanroom import Room, locked, os_error, write_all_atomic
 from .config import Config
 from .errors import DcaforgeError
-from .git import git, git_out, rev_parse
-
-DIFF_ARGS: tuple[str, ...] = (
-    "--full-index", "--binary", "--no-ext-diff", "--no-color", "--no-textconv", "--no-renames",
-    "--src-prefix=a/", "--dst-prefix=b/",
-)
-
-
-@contextlib.contextmanager
-def temp_index(room: Path, seed: bool = True) -> Iterator[dict[str, str]]:
-    """An index file of our own inside the room's git dir; yields the env that selects it."""
-    meta = room / ".git" / "dcaforge"
-    meta.mkdir(parents=True, exist_ok=True)
-    path = meta / f"index.tmp.{os.getpid()}"
-    src = room / ".git" / "index"
-    if seed and src.is_file():
-        # its stat cache makes `add -A` fast; copy2 keeps its mtime, which git needs to spot
-        # "racy" entries (files changed in the same second the index was written)
-        shutil.copy2(src, path)
-    try:
-        yield {"GIT_INDEX_FILE": str(path)}
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-def worktree_tree(room: Path) -> str:
-    """The tree of the room's work tree (tracked + untracked, not ignored), via a temp index."""
-    with temp_index(room) as env:
-        git(room, "add", "-A", ".", env=env)
-        return git_out(room, "write-tree", env=env)
-
-
-def tree_diff(repo: Path, old_tree: str, new_tree: str) -> bytes:
-    return git(repo, "diff-tree", "-p", *DIFF_ARGS, old_tree, new_tree, "--").stdout_bytes
-
-
-def changed_paths(repo: Path, old_tree: str, new_tree: str) -> list[str]:
-    out = git(repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", old_tree, new_tree, "--").stdout
-    return [p for p in out.split("\0") if p]
-
-
-def baseline_tree(room: Room) -> str:
-    if rev_parse(room.path, BASELINE_TAG) is None:
-        raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
-                            where=str(room.path), hint="dcaforge apply --continue")
-    return git_out(room.path, "rev-parse", f"{BASELINE_TAG}^{{tree}}")
+from .trees import baseline_tree, changed_paths, tree_diff, worktree_tree
 
 
 @dataclass
@@ -117,7 +69,7 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
     to_series = dest == Path(os.path.abspath(cfg.feature_patch))
     if dest.is_dir():
         raise DcaforgeError(f"cannot write the patch to {dest}: it is a folder", where=str(dest),
-                            hint=f"give a file name, e.g. -o {dest / cfg.feature.patch_name}")
+                            hint=f"give a file name, e.g. `dcaforge capture -o {shlex.quote(str(dest / cfg.feature.patch_name))}`")
     with locked(room):
         check_whole(cfg, room)
         base = baseline_tree(room)

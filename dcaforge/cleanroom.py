@@ -149,7 +149,7 @@ class Room:
         """The room must exist and be dcaforge's."""
         if not self.exists():
             raise DcaforgeError(f"no clean room at {self.path}", where=str(self.path),
-                                hint="dcaforge apply")
+                                hint="`dcaforge apply`")
         if not self.is_ours():
             raise SafetyError(f"{self.path} exists but was not made by dcaforge (no marker)",
                               where=str(self.marker),
@@ -170,7 +170,7 @@ class Room:
             return {}
         except ValueError as exc:
             raise DcaforgeError(f"the clean room's state file is corrupt: {exc}", where=str(self.state_file),
-                                hint="dcaforge apply --fresh") from None
+                                hint="`dcaforge apply --fresh`") from None
 
     def save_state(self, state: dict[str, Any]) -> None:
         write_atomic(self.state_file, dump_json(state), what="the clean room's state")

@@ -16,7 +16,7 @@ from . import REPO_ROOT
 from .confine import path_problem
 from .errors import ConfigError
 from .ruler import TASKS as RULER_TASKS
-from .yamlio import Reader, load_yaml
+from .yamlio import Reader, describe, load_yaml
 
 DEFAULT_CONFIG_NAME = "dcaforge.yaml"
 BUILTIN_CONFIG = REPO_ROOT / "examples" / "upstream.yaml"
@@ -199,6 +199,11 @@ class Config:
     def feature_patch(self) -> Path:
         return self.series.dir / self.feature.patch_name
 
+    @property
+    def llama_prefix(self) -> str:
+        """``llama_cpp_dir`` as a prefix of room-relative paths: ``""`` or ``"dir/"``."""
+        return "" if self.llama_cpp_dir in ("", ".") else self.llama_cpp_dir.rstrip("/") + "/"
+
     def describe(self) -> str:
         return str(self.path) if self.path else "(built in)"
 
@@ -269,7 +274,8 @@ def parse_config(path: Path) -> Config:
         if isinstance(subs, list):
             for i, s in enumerate(subs):
                 if not isinstance(s, str):
-                    raise src.error("submodules", f"'source.submodules[{i}]' must be a string path")
+                    raise src.error("submodules", f"'source.submodules[{i}]' must be a string path, got {describe(s)}",
+                                    hint="list the submodules by their paths, e.g. submodules: [llama.cpp]")
             subs = tuple(subs)
         source = GitSource(url=url, ref=str(src.get("ref", (str, int), default="HEAD")), submodules=subs)
     else:
@@ -350,7 +356,8 @@ def _parse_bootstrap(top: Reader) -> tuple[BootstrapStep, ...]:
             steps.append(BootstrapStep(where=where, patches=folder, strip=strip))
         else:
             raise ConfigError(f"'bootstrap[{i}]' must be a shell command string, an argv list or "
-                              "a mapping {patches: FOLDER, strip: 1}", where=where)
+                              f"a mapping {{patches: FOLDER, strip: 1}}, got {describe(step)}", where=where,
+                              hint="e.g. bootstrap: [\"make setup\", [make, -j2], {patches: llama.cpp.patches}]")
     return tuple(steps)
 
 
@@ -407,7 +414,8 @@ def _str_list(r: Reader, key: str) -> tuple[str, ...]:
     value = r.get(key, list, default=[])
     for i, item in enumerate(value):
         if not isinstance(item, (str, int, float)) or isinstance(item, bool):
-            raise r.error(key, f"'{r.key(key)}[{i}]' must be a string, got {type(item).__name__}")
+            raise r.error(key, f"'{r.key(key)}[{i}]' must be a string, got {describe(item)}",
+                          hint=f"write each item of {key} as a string, e.g. {key}: [one, two]")
     return tuple(str(v) for v in value)
 
 
@@ -416,7 +424,8 @@ def _define_value(r: Reader, name: str, value: Any) -> str:
         return "ON" if value else "OFF"
     if isinstance(value, (str, int, float)):
         return str(value)
-    raise r.error(name, f"'{r.key(name)}' must be a string, a number or ON/OFF, got {type(value).__name__}")
+    raise r.error(name, f"'{r.key(name)}' must be a string, a number or ON/OFF, got {describe(value)}",
+                  hint=f"write it as one value, e.g. {name}: ON")
 
 
 def _parse_build(top: Reader) -> BuildConfig:
@@ -514,7 +523,8 @@ def _parse_gates(top: Reader, root: Path) -> tuple[GateConfig, ...]:
     for i, item in enumerate(items):
         line = lines[i] if i < len(lines) else 0
         if not isinstance(item, dict):
-            raise ConfigError(f"'gates[{i}]' must be a mapping (name:, kind:, ...)", where=f"{top.file}:{line}")
+            raise ConfigError(f"'gates[{i}]' must be a mapping (name:, kind:, ...), got {describe(item)}",
+                              where=f"{top.file}:{line}", hint="e.g. gates: [{name: ext, kind: extension, recipe: \"tiny:qwen2\"}]")
         g = Reader(item, top.file, f"gates[{i}]", line=line)
         kind = g.get("kind", str, required=True)
         if kind not in GATE_KINDS:

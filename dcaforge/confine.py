@@ -10,9 +10,8 @@ applied or written, each path they name is checked here:
 - against the tree it lands in (:func:`resolve_in`): its resolution, symlinks followed, must stay
   inside the tree and outside its ``.git``.
 
-:func:`parse_patch` reads a patch the way ``git apply`` and GNU ``patch`` read it (headers, hunks
-counted line by line, C-quoted names, ``rename``/``copy``/mode lines, symlink targets), so
-:func:`check_patch` can refuse it before a tool sees it; the tools' own reading of the patch (``git
+A patch, as :func:`dcaforge.patchfile.parse_patch` reads it, is checked before a tool sees it
+(:func:`check_patch_text`, :func:`check_patch_tree`); the tools' own reading of the patch (``git
 apply --numstat``, ``patch --dry-run``) is then compared with it (:func:`check_tool_paths`).
 """
 
@@ -21,17 +20,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SafetyError
+from .patchfile import ParsedPatch
 
 # code points HFS+ ignores in file names, so ".g\u200cit" is ".git" there (git refuses them too)
 _IGNORED = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
                                    "\u206a\u206b\u206c\u206d\u206e\u206f\ufeff"))
 #: File modes a patch may give a file (what git records for files and symlinks).
 ALLOWED_MODES = frozenset({"100644", "100755", "100664", "120000"})
-SYMLINK_MODE = "120000"
 
 
 def is_dotgit(component: str) -> bool:
@@ -112,6 +111,20 @@ def resolve_in(root: Path, rel: str, *, what: str, where: str, hint: str) -> Pat
     return root / rel
 
 
+def git_dir_above(path: Path) -> Path | None:
+    """The git directory ``path`` is in (a ``.git`` folder, a bare repository, a linked worktree's
+    git dir), or None."""
+    for part in path.parts:
+        if is_dotgit(part):
+            return path
+    for anc in [path, *path.parents]:
+        if (anc / "HEAD").is_file() and (anc / "objects").is_dir() and (anc / "refs").is_dir():
+            return anc
+        if (anc / "HEAD").is_file() and (anc / "commondir").is_file() and (anc / "gitdir").is_file():
+            return anc
+    return None
+
+
 def symlink_target_problem(link: str, target: str) -> str | None:
     """Why a symlink at ``link`` (relative to the tree) pointing at ``target`` leaves the tree, or None."""
     if not target:
@@ -124,268 +137,6 @@ def symlink_target_problem(link: str, target: str) -> str | None:
     if any(is_dotgit(p) for p in joined.split("/")):
         return f"points into .git ({target!r})"
     return None
-
-
-# --- reading patches as the tools do ------------------------------------------------------
-
-_C_ESCAPES = {ord("a"): 7, ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("v"): 11,
-              ord("\\"): 92, ord('"'): 34}
-
-
-def unquote_c(text: str) -> tuple[str, str] | None:
-    """A C-quoted name at the start of ``text`` (git's and GNU patch's quoting): (name, rest), or
-    None when ``text`` does not start with a well-formed quoted name."""
-    if not text.startswith('"'):
-        return None
-    raw = text.encode("utf-8", "surrogateescape")
-    out = bytearray()
-    i = 1
-    while i < len(raw):
-        c = raw[i]
-        if c == 34:  # closing quote
-            return out.decode("utf-8", "surrogateescape"), raw[i + 1:].decode("utf-8", "surrogateescape")
-        if c == 92:
-            i += 1
-            if i >= len(raw):
-                return None
-            e = raw[i]
-            if 48 <= e <= 55:  # octal
-                digits = raw[i:i + 3]
-                if len(digits) < 3 or not all(48 <= d <= 55 for d in digits):
-                    return None
-                out.append(int(digits, 8) & 0xFF)
-                i += 3
-                continue
-            if e not in _C_ESCAPES:
-                return None
-            out.append(_C_ESCAPES[e])
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return None
-
-
-def strip_components(name: str, strip: int) -> str | None:
-    """``name`` without its first ``strip`` components, as ``patch -pN`` and ``git apply -pN`` count
-    them (a run of slashes is one separator); None when it has too few."""
-    if strip == 0:
-        return name
-    parts = re.split(r"/+", name)
-    if len(parts) <= strip:
-        return None
-    return "/".join(parts[strip:])
-
-
-@dataclass
-class PatchPath:
-    raw: str    # the name as the patch writes it (unquoted)
-    path: str | None  # as the tool takes it (after -p), None when it has too few components
-    line: int   # 1-based line of the patch
-    role: str   # "---", "+++", "***", "Index:", "diff --git", "rename from", ...
-
-
-@dataclass
-class PatchEntry:
-    line: int
-    header: str
-    paths: list[PatchPath] = field(default_factory=list)
-    modes: list[tuple[str, int]] = field(default_factory=list)  # (mode, line)
-    hunks: int = 0
-    binary: bool = False
-    added: list[str] = field(default_factory=list)  # '+' lines (a symlink's target)
-    deleted_file: bool = False
-
-    @property
-    def symlink(self) -> bool:
-        return any(m == SYMLINK_MODE for m, _l in self.modes)
-
-    @property
-    def names(self) -> set[str]:
-        return {p.path for p in self.paths if p.path and p.path != "/dev/null"}
-
-
-@dataclass
-class ParsedPatch:
-    entries: list[PatchEntry]
-    problems: list[tuple[int, str]]  # (line, what): content neither tool should be left to guess at
-    body: bytes  # from the first header on, without a trailing mail signature (for "same content")
-
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_NORMAL_CMD = re.compile(r"^\d+(?:,\d+)?[acd]\d+(?:,\d+)?\s*$")
-_ED_CMD = re.compile(r"^\d+(?:,\d+)?[acdis](?:/.*)?\s*$")
-_MODE_LINE = re.compile(r"^(old mode|new mode|new file mode|deleted file mode) (\d+)\s*$")
-_INDEX_LINE = re.compile(r"^index [0-9a-fA-F]+\.\.[0-9a-fA-F]+(?: (\d+))?\s*$")
-_EXT = ("similarity index ", "dissimilarity index ", "index ", "old mode ", "new mode ", "new file mode ",
-        "deleted file mode ", "rename from ", "rename to ", "copy from ", "copy to ", "rename old ", "rename new ",
-        "Binary files ", "GIT binary patch")
-
-
-def _header_name(text: str) -> list[str]:
-    """The name(s) a ``---``/``+++``/``***``/``Index:`` header gives: quoted, or up to a tab (git), or
-    up to the first whitespace (GNU patch); both readings are returned when they differ."""
-    text = text.rstrip("\r\n")
-    q = unquote_c(text)
-    if q is not None:
-        return [q[0]]
-    by_tab = text.split("\t", 1)[0].rstrip(" \r")
-    by_space = re.split(r"\s", text.strip(), maxsplit=1)[0] if text.strip() else ""
-    return list(dict.fromkeys(n for n in (by_tab, by_space) if n))
-
-
-def _git_header_names(rest: str, strip: int) -> list[str]:
-    """Both names of a ``diff --git A B`` line: quoted ones parsed; unquoted ones split where the
-    two halves name the same file after the strip (git's own rule), else every split (a superset,
-    for checking only)."""
-    rest = rest.rstrip("\r\n")
-    q = unquote_c(rest)
-    if q is not None:
-        first, tail = q
-        tail = tail.lstrip(" ")
-        q2 = unquote_c(tail)
-        return [first, q2[0] if q2 is not None else tail]
-    spaces = [m.start() for m in re.finditer(" ", rest)]
-    same = []
-    halves: list[str] = []
-    for i in spaces:
-        a, b = rest[:i], rest[i + 1:]
-        q2 = unquote_c(b)
-        if q2 is not None:
-            b = q2[0]
-        halves += [a, b]
-        if strip_components(a, strip) == strip_components(b, strip):
-            same = [a, b]
-    return same or halves
-
-
-def parse_patch(data: bytes, strip: int = 1) -> ParsedPatch:
-    """Every file a patch names, hunk lines counted as the tools count them."""
-    text = data.decode("utf-8", "surrogateescape")
-    lines = text.split("\n")
-    entries: list[PatchEntry] = []
-    problems: list[tuple[int, str]] = []
-    cur: PatchEntry | None = None
-    first_header: int | None = None
-    i = 0
-    n = len(lines)
-
-    def add(raw: str, line: int, role: str, do_strip: bool = True) -> None:
-        assert cur is not None
-        cur.paths.append(PatchPath(raw=raw, path=strip_components(raw, strip) if do_strip else raw, line=line,
-                                   role=role))
-
-    def new_entry(line: int, header: str) -> PatchEntry:
-        nonlocal first_header
-        if first_header is None:
-            first_header = line
-        e = PatchEntry(line=line, header=header)
-        entries.append(e)
-        return e
-
-    while i < n:
-        line = lines[i]
-        ln = i + 1
-        bare = line.rstrip("\r")
-        if bare.startswith("diff --git "):
-            cur = new_entry(ln, bare)
-            for name in _git_header_names(bare[len("diff --git "):], strip):
-                add(name, ln, "diff --git")
-        elif bare.startswith(("--- ", "*** ")) and not bare.startswith("****"):
-            role = bare[:3]
-            # a traditional diff's next file (a git entry or an Index: line may come first)
-            if cur is None or cur.hunks or cur.binary or any(p.role in ("---", "***", "+++") for p in cur.paths):
-                cur = new_entry(ln, bare)
-            for name in _header_name(bare[4:]):
-                if name != "/dev/null":
-                    add(name, ln, role)
-            if role == "***":
-                problems.append((ln, "a context-diff header ('*** '): only unified diffs are accepted"))
-        elif bare.startswith("+++ "):
-            if cur is None or cur.hunks or cur.binary:
-                cur = new_entry(ln, bare)
-            for name in _header_name(bare[4:]):
-                if name != "/dev/null":
-                    add(name, ln, "+++")
-        elif bare.startswith("Index: "):
-            cur = new_entry(ln, bare)
-            for name in _header_name(bare[len("Index: "):]):
-                add(name, ln, "Index:")
-        elif cur is not None and bare.startswith(("rename from ", "rename to ", "copy from ", "copy to ",
-                                                  "rename old ", "rename new ")):
-            key, _, rest = bare.partition(" ")
-            which, _, rest = rest.partition(" ")
-            q = unquote_c(rest)
-            add(q[0] if q is not None else rest, ln, f"{key} {which}", do_strip=False)
-        elif cur is not None and _MODE_LINE.match(bare):
-            m = _MODE_LINE.match(bare)
-            assert m is not None
-            cur.modes.append((m.group(2), ln))
-            if m.group(1) == "deleted file mode":
-                cur.deleted_file = True
-        elif cur is not None and _INDEX_LINE.match(bare):
-            m = _INDEX_LINE.match(bare)
-            assert m is not None
-            if m.group(1):
-                cur.modes.append((m.group(1), ln))
-        elif cur is not None and bare.startswith("GIT binary patch"):
-            cur.binary = True
-            # literal/delta chunks, each ended by an empty line
-            i += 1
-            chunks = 0
-            while i < n and chunks < 2:
-                b = lines[i].rstrip("\r")
-                if not b:
-                    chunks += 1
-                    i += 1
-                    if i < n and not lines[i].rstrip("\r").startswith(("literal ", "delta ")):
-                        break
-                    continue
-                i += 1
-            continue
-        elif cur is not None and bare.startswith("Binary files "):
-            cur.binary = True
-        elif _HUNK.match(bare):
-            m = _HUNK.match(bare)
-            assert m is not None
-            if cur is None:
-                problems.append((ln, "a hunk with no file header before it"))
-                cur = new_entry(ln, bare)
-            cur.hunks += 1
-            old_n = int(m.group(2)) if m.group(2) is not None else 1
-            new_n = int(m.group(4)) if m.group(4) is not None else 1
-            while (old_n > 0 or new_n > 0) and i + 1 < n:
-                body = lines[i + 1]
-                c = body[:1]
-                if c == " " or body in ("", "\r"):
-                    old_n -= 1
-                    new_n -= 1
-                elif c == "-":
-                    old_n -= 1
-                elif c == "+":
-                    new_n -= 1
-                    cur.added.append(body[1:].rstrip("\r"))
-                elif c == "\\":
-                    pass
-                else:
-                    break  # the tools stop here too ("corrupt patch" / "malformed patch")
-                i += 1
-            if old_n > 0 or new_n > 0:
-                problems.append((ln, f"hunk {bare.split('@@')[1].strip()!r} is cut short (its line counts are wrong)"))
-            while i + 1 < n and lines[i + 1].startswith("\\"):
-                i += 1
-        elif bare.startswith("***************"):
-            problems.append((ln, "a context-diff hunk: only unified diffs are accepted"))
-        elif _NORMAL_CMD.match(bare) or (_ED_CMD.match(bare) and first_header is not None):
-            problems.append((ln, f"{bare!r} is a normal-diff or ed command: only unified diffs are accepted"))
-        i += 1
-    body_lines = lines[(first_header or 1) - 1:] if first_header else []
-    # a format-patch signature ("-- \n2.39.0\n") is not content
-    while body_lines and body_lines[-1].strip() == "":
-        body_lines.pop()
-    if len(body_lines) >= 2 and body_lines[-2] == "-- ":
-        body_lines = body_lines[:-2]
-    return ParsedPatch(entries=entries, problems=problems, body="\n".join(body_lines).encode("utf-8", "surrogateescape"))
 
 
 @dataclass(frozen=True)

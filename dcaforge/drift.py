@@ -1,4 +1,8 @@
-"""Why an edit does not fit a tree, and the drift canary.
+"""Does the feature fit a tree: ``render --check`` and the drift canary.
+
+:func:`check` plans the render onto the clean room's baseline (or any llama.cpp folder), writing
+nothing, and reports per edit whether it fits, why each that does not fit fails, and whether the
+build compiles and links every file the render adds (:mod:`dcaforge.wiring`).
 
 Each edit that does not fit is classified from the **pristine** baseline file (never from a file
 the same render already changed):
@@ -18,15 +22,19 @@ llama-cpp-python) and counts fit / drifted / absent, so a scheduled job can watc
 from __future__ import annotations
 
 import dataclasses
-import os
 import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cleanroom import BASELINE_TAG, Room
 from .config import Config, PypiSource
 from .errors import DcaforgeError
-from .render import CheckResult, DirTree, EditReport, GitTree, Tree, _anchor_literal, _prefix, closest_lines, load_manifest, plan
+from .manifest import load_manifest
+from .render import EditReport, anchor_literal, closest_lines, plan
+from .source import prepare_pypi
+from .trees import DirTree, GitTree, Tree, baseline_commit
+from .wiring import WiringReport, check_wiring
 
 #: Words of an anchor that say nothing about what it hooks.
 _COMMON = frozenset("""
@@ -37,12 +45,10 @@ struct switch template this true typedef typename uint32_t uint64_t union unsign
 volatile while std
 """.split())
 
-CODE_EXTS = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".m", ".txt", ".cmake", ".mk", ".sh", ".py")
-
 
 def anchor_identifiers(anchor: str) -> list[str]:
     """The identifiers an anchor hooks (``GGML_OP_COUNT``, ``ctx_other``), common words left out."""
-    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", _anchor_literal(re.sub(r"\\[ntrfv]", " ", anchor)))
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", anchor_literal(re.sub(r"\\[ntrfv]", " ", anchor)))
     return list(dict.fromkeys(w for w in words if len(w) >= 3 and w not in _COMMON))
 
 
@@ -57,36 +63,16 @@ class Misfit:
 
 
 class _Search:
-    """Which files of a tree hold an identifier (git grep for a commit, a walk for a folder)."""
+    """Which files of a tree hold an identifier, each identifier searched once."""
 
     def __init__(self, tree: Tree, prefix: str) -> None:
         self.tree, self.prefix = tree, prefix
-        self._texts: dict[str, str] | None = None
         self._found: dict[str, list[str]] = {}
 
     def files_with(self, word: str) -> list[str]:
         if word not in self._found:
-            self._found[word] = self._files_with(word)
+            self._found[word] = self.tree.files_with(word, self.prefix)
         return self._found[word]
-
-    def _files_with(self, word: str) -> list[str]:
-        if isinstance(self.tree, GitTree):
-            from .git import git
-
-            res = git(self.tree.repo, "grep", "-l", "-w", "-F", "-e", word, self.tree.rev, "--",
-                      *(f"{self.prefix}*{e}" for e in CODE_EXTS), check=False)
-            return sorted(line.split(":", 1)[1][len(self.prefix):] for line in res.stdout.splitlines() if ":" in line)
-        if self._texts is None:
-            self._texts = {}
-            root = Path(getattr(self.tree, "root", ".")) / self.prefix
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-                for n in filenames:
-                    p = Path(dirpath) / n
-                    if n.endswith(CODE_EXTS) and p.stat().st_size < 4_000_000:
-                        self._texts[p.relative_to(root).as_posix()] = p.read_text(encoding="utf-8", errors="replace")
-        rx = re.compile(r"\b" + re.escape(word) + r"\b")
-        return sorted(rel for rel, text in self._texts.items() if rx.search(text))
 
 
 def _alternative_file(tree: Tree, prefix: str, wanted: str) -> str | None:
@@ -94,18 +80,48 @@ def _alternative_file(tree: Tree, prefix: str, wanted: str) -> str | None:
     (``gemma3-iswa.cpp`` for ``gemma3.cpp``, ``llama.cpp`` for ``llama-iswa.cpp``)."""
     folder, name = posixpath.split(wanted)
     stem, ext = posixpath.splitext(name)
-    names: list[str] = []
-    entries = getattr(tree, "entries", None)
-    full = prefix + folder
-    if entries is not None:
-        names = [posixpath.basename(p) for p in entries if posixpath.dirname(p) == full]
-    elif isinstance(tree, DirTree) and (tree.root / full).is_dir():
-        names = sorted(os.listdir(tree.root / full))
-    for n in sorted(names):
+    for n in tree.listdir(prefix + folder):
         s, e = posixpath.splitext(n)
         if e == ext and n != name and (s.startswith(stem + "-") or stem.startswith(s + "-")):
             return posixpath.join(folder, n)
     return None
+
+
+@dataclass
+class CheckResult:
+    tree: str
+    edits: list[EditReport]
+    files: list[tuple[str, str]]
+    misfits: list[Misfit] = field(default_factory=list)  # why each edit that does not fit fails
+    wiring: WiringReport | None = None  # whether the build compiles and links every added source
+
+    @property
+    def anchors_ok(self) -> bool:
+        return all(e.fits for e in self.edits)
+
+    @property
+    def ok(self) -> bool:
+        return self.anchors_ok and (self.wiring is None or self.wiring.ok)
+
+
+
+def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
+    """``dcaforge render --check``: which edits fit the baseline (or ``tree_dir``); writes nothing."""
+    manifest = load_manifest(cfg.feature.templates)
+    tree: Tree
+    if tree_dir is not None:
+        if not tree_dir.is_dir():
+            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
+        tree, label = DirTree(tree_dir), str(tree_dir)
+    else:
+        room = Room.of(cfg)
+        room.require()
+        tree, label = GitTree(room.path, baseline_commit(room)), f"{room.path} @ {BASELINE_TAG}"
+    p = plan(cfg, tree, manifest, check=True)
+    res = CheckResult(tree=label, edits=p.edits, files=p.files)
+    res.misfits = classify(res, tree, cfg.llama_prefix, {e.index: e.files for e in manifest.edits})
+    res.wiring = check_wiring(cfg, tree, p.outputs)
+    return res
 
 
 def classify(check: CheckResult, tree: Tree, prefix: str, edits_files: dict[int, tuple[str, ...]]) -> list[Misfit]:
@@ -173,15 +189,7 @@ def _classify_one(rep: EditReport, tree: Tree, prefix: str, files: tuple[str, ..
 def _anchor_elsewhere(tree: Tree, prefix: str, rel: str, anchors: list[str], count: int) -> str | None:
     folder, name = posixpath.split(rel)
     ext = posixpath.splitext(name)[1]
-    entries = getattr(tree, "entries", None)
-    full = prefix + folder
-    if entries is not None:
-        names = sorted(posixpath.basename(p) for p in entries if posixpath.dirname(p) == full)
-    elif isinstance(tree, DirTree) and (tree.root / full).is_dir():
-        names = sorted(os.listdir(tree.root / full))
-    else:
-        names = []
-    for n in names:
+    for n in tree.listdir(prefix + folder):
         if n == name or not n.endswith(ext):
             continue
         other = _pristine(tree, prefix, posixpath.join(folder, n))
@@ -226,7 +234,7 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
     ``vendor/llama.cpp`` of the llama-cpp-python sdist ``sdist``), classified."""
     if (tree_dir is None) == (sdist is None):
         raise DcaforgeError("give exactly one of --tree DIR and --sdist VERSION",
-                            hint="e.g. dcaforge drift --sdist 0.3.36")
+                            hint="e.g. `dcaforge drift --sdist 0.3.36`")
     flat = dataclasses.replace(cfg, llama_cpp_dir=".")  # a llama.cpp tree itself, whatever the config's layout
     tree: Tree
     if tree_dir is not None:
@@ -234,8 +242,6 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
             raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
         tree, label = DirTree(tree_dir), str(tree_dir)
     else:
-        from .source import prepare_pypi
-
         version = sdist or ""
         req = version if "==" in version else f"llama-cpp-python=={version}"
         base = prepare_pypi(PypiSource(req, "vendor/llama.cpp"))
@@ -243,4 +249,4 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
     manifest = load_manifest(cfg.feature.templates)
     p = plan(flat, tree, manifest, check=True)
     res = CheckResult(tree=label, edits=p.edits, files=p.files)
-    return Canary(tree=label, check=res, misfits=classify(res, tree, _prefix(flat), files_of(cfg)))
+    return Canary(tree=label, check=res, misfits=classify(res, tree, flat.llama_prefix, files_of(cfg)))

@@ -200,7 +200,7 @@ class _Ctx:
         if not exe.is_file():
             flag = " --baseline" if variant == "baseline" else ""
             raise GateError(f"{exe} is missing: the {variant} build has no {name}", where=str(build),
-                            hint=f'dcaforge build{flag} --targets "llama llama-perplexity llama-passkey"')
+                            hint=f'`dcaforge build{flag} --targets "llama llama-perplexity llama-passkey"`')
         return exe
 
     def dumper(self, variant: str) -> Path:
@@ -212,7 +212,7 @@ class _Ctx:
         if not (build / "src" / "libllama.a").exists() and not list(build.glob("**/libllama.a")):
             flag = " --baseline" if variant == "baseline" else ""
             raise GateError(f"no libllama.a in the {variant} build {build}", where=str(build),
-                            hint=f"dcaforge build{flag} --targets llama (static libraries: BUILD_SHARED_LIBS=OFF)")
+                            hint=f"`dcaforge build{flag} --targets llama` (static libraries: BUILD_SHARED_LIBS=OFF)")
         self.step(f"compile dca_logits against the {variant} build")
         try:
             exe = build_logits.build(tree, build, variant == "feature")
@@ -233,7 +233,7 @@ class _Ctx:
                   hooks=BuildHooks(on_step=lambda what, argv: self.step(f"  {what}: {' '.join(argv[:3])} ...")))
         if not exe.is_file():
             raise GateError(f"{exe} is missing after the build", where=str(self.feature_build),
-                            hint="dcaforge build --targets llama-server (the configure needs LLAMA_BUILD_SERVER=ON, "
+                            hint="`dcaforge build --targets llama-server` (the configure needs LLAMA_BUILD_SERVER=ON, "
                                  "dcaforge's default)")
         return exe
 

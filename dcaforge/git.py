@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -409,10 +410,6 @@ def rev_parse(cwd: Path, rev: str) -> str | None:
     return res.stdout.strip() or None if res.ok else None
 
 
-def tree_of(cwd: Path, rev: str) -> str:
-    return git_out(cwd, "rev-parse", f"{rev}^{{tree}}")
-
-
 def commit_all(cwd: Path, message: str, *, allow_empty: bool = True) -> str:
     """Stage everything in the work tree (respecting .gitignore) and commit it."""
     git(cwd, "add", "-A", ".")
@@ -479,6 +476,15 @@ class CheckoutInfo:
     common_dir: Path | None = None  # the repository's shared git directory (the main .git of linked worktrees)
     submodules_wip: tuple[str, ...] = ()  # submodules (paths) with uncommitted files inside them
 
+    @property
+    def folders(self) -> list[Path]:
+        """The folders of the user's that dcaforge never writes: the work tree, its git directory and
+        the repository's common one (a linked worktree's main worktree included)."""
+        out = [self.toplevel] + [d for d in (self.git_dir, self.common_dir) if d is not None]
+        if self.common_dir is not None and self.common_dir.name == ".git":
+            out.append(self.common_dir.parent)  # the main worktree of a linked one
+        return out
+
 
 def _user_git(cwd: Path, args: list[str], *extra: str) -> Result:
     """git in the user's checkout: isolated config, every command-running setting switched off,
@@ -491,7 +497,7 @@ def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: l
     res = _user_git(top, args, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=dirty")
     if not res.ok:
         raise CommandError(f"git status failed in {top}", where=str(top), details=_tail(res.stderr),
-                           hint=f"check the checkout with `git -C {top} status`")
+                           hint=f"check the checkout with `git -C {shlex.quote(str(top))} status`")
     items = res.stdout.split("\0")
     i = 0
     before = len(changed) + len(deleted)

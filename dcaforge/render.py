@@ -3,12 +3,8 @@
 Every touched file starts from its content in the baseline commit, so rendering twice gives
 the same bytes. Anchors are Python regexes that must match exactly ``count`` times; a missing
 or ambiguous anchor names the manifest, the edit, the target file, the anchor and the
-closest lines found. ``check`` reports per edit whether it fits, writing nothing.
-
-Trees differ between llama.cpp versions, so a manifest can choose by what the tree has: a file
-list (the first that exists), ``when_exists``, ``when`` (a Jinja expression over ``tree``, e.g.
-``tree.has(path)`` or ``tree.contains(path, text)``) on files, edits and alternatives, and per
-edit ``alternatives`` (other anchors, with their own text if needed; the first that fits wins).
+closest lines found. :func:`plan` computes what a render writes, writing nothing (``render
+--check`` reports it per edit: :mod:`dcaforge.drift`).
 """
 
 from __future__ import annotations
@@ -20,293 +16,19 @@ import posixpath
 import re
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import SecurityError
 
 from . import confine, sandbox
-from .cleanroom import BASELINE_TAG, Room, locked, write_atomic
+from .cleanroom import Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import git, rev_parse, status_porcelain
-from .yamlio import Reader, load_yaml
-
-ACTIONS = ("insert_before", "insert_after", "replace")
-#: What an edit's paths are relative to: llama.cpp's folder (default) or the clean room's root
-#: (e.g. llamafile's GPU library script, llamafile/cuda.sh, beside llama.cpp/).
-BASES = ("llama_cpp_dir", "room")
-
-
-@dataclass(frozen=True)
-class FileSpec:
-    index: int
-    line: int
-    template: str
-    dest: str
-    mode: int | None
-    when_exists: str | None
-    when: str | None = None
-
-
-@dataclass(frozen=True)
-class AltSpec:
-    """One of an edit's ``alternatives``: tried in order when the anchors before it match nowhere."""
-
-    index: int  # 1-based, as `render --check` shows it
-    line: int
-    anchor: str
-    action: str | None = None  # None: the edit's
-    count: int | None = None
-    text: str | None = None  # the body's Jinja source (read from text_file when that is set)
-    when: str | None = None
-    text_file: str | None = None  # the body's template, relative to the feature folder
-
-
-@dataclass(frozen=True)
-class EditSpec:
-    index: int
-    line: int
-    files: tuple[str, ...]
-    when_exists: str | None
-    anchor: str
-    count: int
-    action: str
-    text: str  # the body's Jinja source (read from text_file when that is set)
-    when: str | None = None
-    alternatives: tuple[AltSpec, ...] = ()
-    text_file: str | None = None  # the body's template, relative to the feature folder
-    base: str = "llama_cpp_dir"  # or "room": file and when_exists are relative to the clean room's root
-
-
-@dataclass(frozen=True)
-class Manifest:
-    path: Path
-    folder: Path
-    files: tuple[FileSpec, ...]
-    edits: tuple[EditSpec, ...]
-
-    def where(self, line: int) -> str:
-        return f"{self.path}:{line}"
-
-
-def _mode(r: Reader, value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        mode = int(str(value), 8)
-    except ValueError:
-        raise r.error("mode", f"'{r.key('mode')}' must be an octal string like \"0644\", got {value!r}") from None
-    if mode not in (0o644, 0o755):
-        raise r.error("mode", f"'{r.key('mode')}' must be \"0644\" or \"0755\" (what git records), got {value!r}")
-    return mode
-
-
-def _relpath(r: Reader, key: str, value: str) -> str:
-    p = PurePosixPath(value)
-    problem = confine.path_problem(value)
-    if problem:
-        raise r.error(key, f"'{r.key(key)}' must be a relative path under llama_cpp_dir, got {value!r}, which {problem}",
-                      hint="name a file of the tree relative to llama_cpp_dir, e.g. src/llama-dca.cpp")
-    return p.as_posix()
-
-
-def _feature_file(r: Reader, key: str, value: str, folder: Path) -> str:
-    """A file of the feature folder named by ``key``: relative, no '..', there, and (symlinks
-    resolved) still inside the folder."""
-    p = PurePosixPath(value)
-    if p.is_absolute() or ".." in p.parts or not value.strip():
-        raise r.error(key, f"'{r.key(key)}' must be a relative path inside the feature folder {folder}, got {value!r}",
-                      hint="write it relative to the folder of manifest.yaml, without '..'")
-    path = folder / p
-    if not path.is_file():
-        raise r.error(key, f"'{r.key(key)}': no such file {path}",
-                      hint=f"create it, or fix the path (relative to {folder})")
-    if not path.resolve().is_relative_to(folder.resolve()):
-        raise r.error(key, f"'{r.key(key)}' = {value!r} leads out of the feature folder (to {path.resolve()})",
-                      hint="templates must live inside the feature folder: copy the file there instead of linking it")
-    return p.as_posix()
-
-
-def _text(r: Reader, folder: Path, *, required: bool) -> tuple[str | None, str | None]:
-    """An edit's or alternative's body: ``text`` (inline) or ``text_file`` (a template of the
-    feature folder): (the Jinja source, text_file or None)."""
-    if r.has("text") and r.has("text_file"):
-        raise r.error("text_file", f"'{r.key('text')}' and '{r.key('text_file')}' are both set",
-                      hint="keep one: the body inline (text) or in a template file (text_file)")
-    name = r.get("text_file", str)
-    if name is None:
-        if required and r.get("text", str) is None:
-            raise ConfigError(f"missing key '{r.key('text')}'", where=r.where(),
-                              hint="add 'text:' (the body inline) or 'text_file:' (a template of the feature folder)")
-        return r.get("text", str), None
-    rel = _feature_file(r, "text_file", name, folder)
-    try:
-        source = (folder / rel).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise r.error("text_file", f"'{r.key('text_file')}': {folder / rel} is not UTF-8 text ({exc.reason})") from None
-    return source, rel
-
-
-def _when(r: Reader) -> str | None:
-    when = r.get("when", str)
-    if when is None:
-        return None
-    try:
-        _env(Path(".")).compile_expression(when)
-    except jinja2.TemplateSyntaxError as exc:
-        raise r.error("when", f"'{r.key('when')}' is not a valid Jinja expression: {exc.message}",
-                      hint="e.g. when: \"tree.has('src/models/gemma4.cpp')\"") from None
-    return when
-
-
-def _anchor(r: Reader) -> str:
-    anchor = r.get("anchor", str, required=True)
-    try:
-        re.compile(anchor)
-    except re.error as exc:
-        raise r.error("anchor", f"'{r.key('anchor')}' is not a valid regex: {exc}") from None
-    return anchor
-
-
-def _action(r: Reader, required: bool) -> str | None:
-    action = r.get("action", str, required=required)
-    if action is not None and action not in ACTIONS:
-        raise r.error("action", f"'{r.key('action')}' must be one of {', '.join(ACTIONS)}, got {action!r}")
-    return action
-
-
-def _count(r: Reader) -> int | None:
-    count = r.get("count", int)
-    if count is not None and count < 1:
-        raise r.error("count", f"'{r.key('count')}' must be at least 1, got {count}")
-    return count
-
-
-def load_manifest(folder: Path) -> Manifest:
-    path = folder / "manifest.yaml"
-    if not path.is_file():
-        raise ConfigError(f"no manifest.yaml in the feature folder {folder}", where=str(path),
-                          hint="check feature.templates in the config")
-    file = str(path)
-    top = Reader(load_yaml(path), file)
-    top.check_keys({"files", "edits"})
-    files: list[FileSpec] = []
-    raw_files = top.get("files", list, default=[])
-    for i, item in enumerate(raw_files):
-        line = top.list_lines("files")[i]
-        r = Reader(item, file, f"files[{i}]", line)
-        r.check_keys({"template", "dest", "mode", "when_exists", "when"})
-        template = _feature_file(r, "template", r.get("template", str, required=True), folder)
-        when = r.get("when_exists", str)
-        files.append(FileSpec(index=i, line=line, template=template,
-                              dest=_relpath(r, "dest", r.get("dest", str, required=True)),
-                              mode=_mode(r, r.get("mode", (str, int))),
-                              when_exists=_relpath(r, "when_exists", when) if when else None,
-                              when=_when(r)))
-    edits: list[EditSpec] = []
-    for i, item in enumerate(top.get("edits", list, default=[])):
-        line = top.list_lines("edits")[i]
-        r = Reader(item, file, f"edits[{i}]", line)
-        r.check_keys({"file", "when_exists", "when", "anchor", "count", "action", "text", "text_file", "alternatives",
-                      "base"})
-        base = r.get("base", str, default="llama_cpp_dir")
-        if base not in BASES:
-            raise r.error("base", f"'{r.key('base')}' must be one of {', '.join(BASES)}, got {base!r}")
-        target = r.get("file", (str, list), required=True)
-        cands = [target] if isinstance(target, str) else list(target)
-        if not cands or not all(isinstance(c, str) for c in cands):
-            raise r.error("file", f"'{r.key('file')}' must be a path or a non-empty list of paths")
-        anchor = _anchor(r)
-        action = _action(r, required=True)
-        count = _count(r) or 1
-        when = r.get("when_exists", str)
-        alts: list[AltSpec] = []
-        raw_alts = r.get("alternatives", list, default=[])
-        for k, alt in enumerate(raw_alts):
-            ar = Reader(alt, file, f"edits[{i}].alternatives[{k}]", r.list_lines("alternatives")[k])
-            ar.check_keys({"anchor", "action", "count", "text", "text_file", "when"})
-            alt_text, alt_file = _text(ar, folder, required=False)
-            alts.append(AltSpec(index=k + 1, line=ar.line, anchor=_anchor(ar), action=_action(ar, required=False),
-                                count=_count(ar), text=alt_text, when=_when(ar), text_file=alt_file))
-        text, text_file = _text(r, folder, required=True)
-        assert text is not None
-        edits.append(EditSpec(index=i, line=line, files=tuple(_relpath(r, "file", c) for c in cands),
-                              when_exists=_relpath(r, "when_exists", when) if when else None,
-                              anchor=anchor, count=count, action=action or "",
-                              text=text, when=_when(r), alternatives=tuple(alts), text_file=text_file,
-                              base=base))
-    return Manifest(path=path, folder=folder, files=tuple(files), edits=tuple(edits))
-
-
-def manifest_digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(folder).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-# --- trees the renderer reads from ------------------------------------------------------
-
-class Tree(Protocol):
-    def exists(self, rel: str) -> bool: ...
-    def is_file(self, rel: str) -> bool: ...
-    def read(self, rel: str) -> bytes: ...
-    def mode(self, rel: str) -> int: ...
-
-
-class GitTree:
-    """A commit of a repository, read with ls-tree / cat-file (no checkout)."""
-
-    def __init__(self, repo: Path, rev: str) -> None:
-        self.repo = repo
-        self.rev = rev
-        out = git(repo, "ls-tree", "-r", "-z", "--full-tree", rev).stdout
-        self.entries: dict[str, tuple[int, str]] = {}
-        self.dirs: set[str] = set()
-        for item in out.split("\0"):
-            if not item:
-                continue
-            meta, path = item.split("\t", 1)
-            mode, _kind, sha = meta.split()
-            self.entries[path] = (int(mode, 8), sha)
-            parts = path.split("/")
-            for j in range(1, len(parts)):
-                self.dirs.add("/".join(parts[:j]))
-
-    def exists(self, rel: str) -> bool:
-        return rel in self.entries or rel in self.dirs
-
-    def is_file(self, rel: str) -> bool:
-        return rel in self.entries
-
-    def read(self, rel: str) -> bytes:
-        return git(self.repo, "cat-file", "blob", self.entries[rel][1]).stdout_bytes
-
-    def mode(self, rel: str) -> int:
-        return 0o755 if self.entries[rel][0] & 0o111 else 0o644
-
-
-class DirTree:
-    """A plain folder (``render --check --tree DIR``)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def exists(self, rel: str) -> bool:
-        return (self.root / rel).exists()
-
-    def is_file(self, rel: str) -> bool:
-        return (self.root / rel).is_file()
-
-    def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
-
-    def mode(self, rel: str) -> int:
-        return 0o755 if (self.root / rel).stat().st_mode & 0o111 else 0o644
-
+from .git import status_porcelain
+from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
+from .trees import GitTree, Tree, baseline_commit
 
 # --- planning -----------------------------------------------------------------------------
 
@@ -345,7 +67,7 @@ class Plan:
     files: list[tuple[str, str]]  # (dest, "rendered" | "skipped")
 
 
-def _anchor_literal(anchor: str) -> str:
+def anchor_literal(anchor: str) -> str:
     s = re.sub(r"\(\?[aiLmsux]+\)", "", anchor)
     s = re.sub(r"\(\?P<\w+>|\(\?:|\(\?=|\(\?!", "", s)
     s = re.sub(r"\\[sS][*+?]?|\\[dDwW][*+?]?", " ", s)
@@ -355,7 +77,7 @@ def _anchor_literal(anchor: str) -> str:
 
 
 def closest_lines(text: str, anchor: str, n: int = 3) -> list[str]:
-    literal = _anchor_literal(anchor)
+    literal = anchor_literal(anchor)
     scored = []
     for i, line in enumerate(text.splitlines(), 1):
         norm = re.sub(r"\s+", " ", line).strip()
@@ -425,13 +147,9 @@ CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, mark
                 "room-relative paths)), then run the command again")
 
 
-def _prefix(cfg: Config) -> str:
-    return "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.rstrip("/") + "/"
-
-
 def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
     return {
-        "tree": TreeFacts(tree, _prefix(cfg)) if tree is not None else None,
+        "tree": TreeFacts(tree, cfg.llama_prefix) if tree is not None else None,
         "vars": cfg.feature.vars,
         "marker": cfg.feature.marker,
         "marker_comment": cfg.feature.marker,
@@ -541,7 +259,7 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
     report instead of raising at the first that does not fit."""
     env = _env(manifest.folder)
     ctx = _context(cfg, tree)
-    prefix = _prefix(cfg)
+    prefix = cfg.llama_prefix
     outputs: dict[str, tuple[bytes, int]] = {}
     files_report: list[tuple[str, str]] = []
 
@@ -601,13 +319,13 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             pristine[full] = texts[full]
         text = texts[full]
         fitted = None
-        for variant, anchor, action, count, body_src, when, line in _variants(edit):
+        for variant, anchor, action, count, body_spec, when, line in _variants(edit):
             if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
                 continue
             found = find_anchor(text, anchor)
             lines = [text.count("\n", 0, m.start()) + 1 for m in found]
             if len(found) == count:
-                fitted = (variant, anchor, action, count, body_src, found, lines)
+                fitted = (variant, anchor, action, count, body_spec, found, lines)
                 break
             if found:  # matches, but not as often as required: an error, never a reason to try the next
                 rep.status = "ambiguous"
@@ -675,23 +393,6 @@ class RenderResult:
     files: list[tuple[str, str]] = field(default_factory=list)
 
 
-@dataclass
-class CheckResult:
-    tree: str
-    edits: list[EditReport]
-    files: list[tuple[str, str]]
-    misfits: list[Any] = field(default_factory=list)  # drift.Misfit: why each edit that does not fit fails
-    wiring: Any = None  # wiring.WiringReport: whether the build compiles and links every added source
-
-    @property
-    def anchors_ok(self) -> bool:
-        return all(e.fits for e in self.edits)
-
-    @property
-    def ok(self) -> bool:
-        return self.anchors_ok and (self.wiring is None or self.wiring.ok)
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -723,11 +424,7 @@ def hand_edited_files(room: Room, state: dict[str, Any]) -> list[str]:
 def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderResult:
     """Render the feature into the clean room's work tree (called with the room locked)."""
     manifest = load_manifest(cfg.feature.templates)
-    baseline = rev_parse(room.path, BASELINE_TAG)
-    if baseline is None:
-        raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
-                            where=str(room.path), hint="dcaforge apply --continue")
-    tree = GitTree(room.path, baseline)
+    tree = GitTree(room.path, baseline_commit(room))
     try:
         p = plan(cfg, tree, manifest)
     except DcaforgeError as exc:
@@ -749,7 +446,8 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         if hand:
             raise SafetyError(f"rendering would overwrite hand edits in {', '.join(hand)}",
                               where=str(room.path),
-                              hint="`dcaforge capture` them first (then render), or `dcaforge render --force`")
+                              hint="`dcaforge templatize` writes them into the feature's templates (then `dcaforge render` "
+                                   "has nothing to overwrite); `dcaforge render --force` discards them")
     result = RenderResult(room=room.path, edits=p.edits, files=p.files)
     new_hashes = {rel: _sha(d) for rel, (d, _m) in sorted(p.outputs.items())}
     room.update_state(rendering=new_hashes)  # so an interrupted render is not taken for hand edits
@@ -784,29 +482,3 @@ def render(cfg: Config, *, force: bool = False) -> RenderResult:
     room.require()
     with locked(room):
         return render_feature(cfg, room, force=force)
-
-
-def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
-    """``dcaforge render --check``: which edits fit the baseline (or ``tree_dir``); writes nothing."""
-    manifest = load_manifest(cfg.feature.templates)
-    tree: Tree
-    if tree_dir is not None:
-        if not tree_dir.is_dir():
-            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
-        tree, label = DirTree(tree_dir), str(tree_dir)
-    else:
-        room = Room.of(cfg)
-        room.require()
-        baseline = rev_parse(room.path, BASELINE_TAG)
-        if baseline is None:
-            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path),
-                                hint="dcaforge apply --continue")
-        tree, label = GitTree(room.path, baseline), f"{room.path} @ {BASELINE_TAG}"
-    p = plan(cfg, tree, manifest, check=True)
-    from .drift import classify
-    from .wiring import check_wiring
-
-    res = CheckResult(tree=label, edits=p.edits, files=p.files)
-    res.misfits = classify(res, tree, _prefix(cfg), {e.index: e.files for e in manifest.edits})
-    res.wiring = check_wiring(cfg, tree, p.outputs)
-    return res

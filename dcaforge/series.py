@@ -1,4 +1,5 @@
-"""The patch series: finding it, applying it one commit per patch, and ``dcaforge apply``.
+"""The patch series: finding it, applying it one commit per patch, and ``dcaforge apply`` (the
+room's start is made, or gone back to, by :mod:`dcaforge.start`; the feature rendered on top).
 
 git-style patches go through ``git apply --index --whitespace=nowarn`` and, when the blobs
 of their ``index`` lines exist, a ``--3way`` retry; plain unified diffs (llamafile's own
@@ -10,68 +11,27 @@ the file, the hunk header and the tool's reason, and how to resume.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import shutil
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import confine
-from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
 from .errors import CommandError, ConfigError, DcaforgeError, InterruptedRun, MismatchError, SafetyError
-from .git import git, git_out, patch_cmd, repair_repo_config, rev_parse, status_porcelain
-from .source import BaseSource, prepare
+from .git import git, git_out, patch_cmd, status_porcelain
+from .patchfile import NUMBERED, Failure, Patch, git_failure, gnu_failure, gnu_names, load_patch, numstat_names, preimage_blobs, read_patch
+from .render import hand_edited_files, render_feature
+from .source import prepare
+from .start import bootstrap_record, can_reset, create, reset_to_start, submodules_record
 
-_NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
 TRAILER = "dcaforge-patch"
-#: Larger patch files are refused before they are read (the whole llamafile series is a few MiB).
-MAX_PATCH_BYTES = 256 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    path: Path
-    number: int | None
-    style: str  # "git" (git apply) or "gnu" (patch -p1)
-    sha256: str
-
-    @property
-    def stem(self) -> str:
-        return self.name.rsplit(".", 1)[0]
-
-
-@dataclass(frozen=True)
-class Hunk:
-    file: str
-    index: int  # 1-based, within its file
-    header: str
-    old_start: int
-    line: int  # line in the patch file
 
 
 # --- discovery ------------------------------------------------------------------------
-
-def _load_patch(path: Path, name: str) -> Patch:
-    try:
-        size = path.stat().st_size
-        if size > MAX_PATCH_BYTES:
-            raise ConfigError(f"patch {name} is {size / 2**20:.0f} MiB, more than dcaforge reads "
-                              f"({MAX_PATCH_BYTES // 2**20} MiB)", where=str(path),
-                              hint="split it into several patches, or check that it is the file you meant")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read patch {name}: {exc.strerror}", where=str(path),
-                          hint=f"check that {path} is a readable file") from None
-    m = _NUMBERED.match(path.name)
-    style = "git" if re.search(rb"^diff --git ", data, re.MULTILINE) else "gnu"
-    return Patch(name=name, path=path, number=int(m.group(1)) if m else None, style=style,
-                 sha256=hashlib.sha256(data).hexdigest())
-
 
 def discover(cfg: Config) -> list[Patch]:
     """The series in order: the series file, else the numbered patches in ``range``, else
@@ -106,7 +66,7 @@ def discover(cfg: Config) -> list[Patch]:
             if not p.is_file():
                 raise ConfigError(f"patch listed in the series file does not exist: {name}",
                                   where=f"{sfile}:{lineno}")
-            out.append(_load_patch(p, name))
+            out.append(load_patch(p, name))
         return out
     if not sdir.is_dir():
         if cfg.series.range is not None:
@@ -114,7 +74,7 @@ def discover(cfg: Config) -> list[Patch]:
         return []
     by_number: dict[int, Path] = {}
     for p in sorted(sdir.iterdir()):
-        m = _NUMBERED.match(p.name)
+        m = NUMBERED.match(p.name)
         if not m or not p.is_file() or p.name == feature_name:
             continue
         n = int(m.group(1))
@@ -128,127 +88,11 @@ def discover(cfg: Config) -> list[Patch]:
             raise ConfigError(f"two patches numbered {n:04d}: {by_number[n].name} and {p.name}",
                               where=str(sdir), hint="renumber one of them")
         by_number[n] = p
-    return [_load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
-
-
-# --- parsing hunks, for reports ------------------------------------------------------------
-
-def _strip_path(raw: str, strip: int) -> str:
-    path = raw.split("\t", 1)[0].strip()
-    if path.startswith('"') and path.endswith('"'):
-        path = path[1:-1]
-    if path == "/dev/null":
-        return path
-    parts = path.split("/")
-    return "/".join(parts[strip:]) if len(parts) > strip else path
-
-
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def parse_hunks(text: str, strip: int = 1) -> list[Hunk]:
-    hunks: list[Hunk] = []
-    lines = text.splitlines()
-    cur = "?"
-    old = "?"
-    idx = 0
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("diff --git "):
-            m = re.match(r'diff --git "?a/(.+?)"? "?b/(.+?)"?$', line)
-            cur = m.group(2) if m else cur
-            idx = 0
-        elif line.startswith("--- "):
-            old = _strip_path(line[4:], strip)
-        elif line.startswith("+++ "):
-            new = _strip_path(line[4:], strip)
-            cur = old if new == "/dev/null" else new
-            idx = 0
-        else:
-            m = _HUNK_RE.match(line)
-            if m:
-                idx += 1
-                hunks.append(Hunk(file=cur, index=idx, header=line, old_start=int(m.group(1)), line=i + 1))
-                old_n = int(m.group(2) or 1) if m.group(2) != "0" else 0
-                new_n = int(m.group(4) or 1) if m.group(4) != "0" else 0
-                while (old_n > 0 or new_n > 0) and i + 1 < len(lines):
-                    i += 1
-                    c = lines[i][:1]
-                    if c == " " or lines[i] == "":
-                        old_n -= 1
-                        new_n -= 1
-                    elif c == "-":
-                        old_n -= 1
-                    elif c == "+":
-                        new_n -= 1
-        i += 1
-    return hunks
-
-
-@dataclass(frozen=True)
-class Failure:
-    patch: Patch
-    file: str | None
-    hunk: Hunk | None
-    reason: str
-
-    def where(self, head: str) -> str:
-        """``head``, then the failing file and hunk when known (the ``where:`` line of the error)."""
-        where = head
-        if self.file:
-            where += f", file {self.file}"
-        if self.hunk:
-            where += f", hunk #{self.hunk.index} {self.hunk.header} (patch line {self.hunk.line})"
-        return where
-
-
-def _find_hunk(hunks: list[Hunk], file: str | None, *, old_start: int | None = None,
-               index: int | None = None) -> Hunk | None:
-    cands = [h for h in hunks if h.file == file]
-    for h in cands:
-        if (old_start is not None and h.old_start == old_start) or (index is not None and h.index == index):
-            return h
-    return cands[0] if cands else None
-
-
-def _git_failure(patch: Patch, stderr: str) -> Failure:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    hunks = parse_hunks(text)
-    reason_lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    m = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.MULTILINE)
-    if m:
-        file = m.group(1)
-        return Failure(patch, file, _find_hunk(hunks, file, old_start=int(m.group(2))), "\n".join(reason_lines))
-    m = re.search(r"^error: (.+?): (.+)$", stderr, re.MULTILINE)
-    if m and not m.group(1).startswith(("corrupt patch", "unrecognized input", "No valid patches")):
-        file = m.group(1)
-        return Failure(patch, file, _find_hunk(hunks, file), "\n".join(reason_lines))
-    return Failure(patch, None, None, "\n".join(reason_lines) or "git apply failed")
-
-
-def _gnu_failure(patch: Patch, output: str) -> Failure:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    hunks = parse_hunks(text)
-    cur: str | None = None
-    for line in output.splitlines():
-        m = re.match(r"^(?:checking|patching) file (.+)$", line)
-        if m:
-            cur = m.group(1).strip().strip("'")
-            continue
-        m = re.match(r"^Hunk #(\d+) FAILED at (\d+)", line)
-        if m:
-            return Failure(patch, cur, _find_hunk(hunks, cur, index=int(m.group(1))), output.strip())
-        if "can't find file to patch" in line or "No file to patch" in line or "Skipping patch" in line \
-                or "already exists" in line or "Only garbage" in line or "malformed patch" in line:
-            return Failure(patch, cur, _find_hunk(hunks, cur) if cur else None, output.strip())
-    return Failure(patch, cur, None, output.strip() or "patch failed")
+    return [load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
 
 
 def _preimages_exist(room: Path, patch: Patch) -> bool:
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    olds = re.findall(r"^index ([0-9a-f]{7,64})\.\.[0-9a-f]+", text, re.MULTILINE)
-    olds = [o for o in olds if set(o) != {"0"}]
+    olds = preimage_blobs(patch)
     if not olds:
         return False
     res = git(room, "cat-file", "--batch-check", input="".join(f"{o}\n" for o in olds).encode(), check=False)
@@ -261,14 +105,6 @@ def confine_hint(patch: Patch, resume: bool) -> str:
     then = "`dcaforge apply --continue`" if resume else "`dcaforge apply` again"
     return (f"fix or remove {patch.path} (a patch may only change files of the tree, never git's own files or "
             f"anything outside it), then run {then}")
-
-
-def read_patch(patch: Patch, strip: int = 1) -> confine.ParsedPatch:
-    try:
-        return confine.parse_patch(patch.path.read_bytes(), strip)
-    except OSError as exc:
-        raise ConfigError(f"cannot read patch {patch.name}: {exc.strerror}", where=str(patch.path),
-                          hint=f"check that {patch.path} is a readable file") from None
 
 
 def check_series(patches: list[Patch], strip: int = 1) -> None:
@@ -292,39 +128,6 @@ def check_series(patches: list[Patch], strip: int = 1) -> None:
         seen[key] = patch
 
 
-def _numstat_names(out: bytes) -> list[str]:
-    """Paths of ``git apply --numstat -z`` (a rename gives both)."""
-    items = out.split(b"\0")
-    names: list[str] = []
-    i = 0
-    while i < len(items):
-        item = items[i]
-        i += 1
-        if not item:
-            continue
-        fields = item.split(b"\t", 2)
-        if len(fields) == 3 and fields[2]:
-            names.append(fields[2].decode("utf-8", "surrogateescape"))
-        elif len(fields) == 3:  # a rename: the two names follow
-            names += [x.decode("utf-8", "surrogateescape") for x in items[i:i + 2]]
-            i += 2
-    return names
-
-
-_GNU_NAME = re.compile(r"^(?:checking|patching) (?:file|symbolic link) (.+?)(?: \((?:renamed|copied) from (.+)\))?"
-                       r"(?: \(read-only\))?$")
-
-
-def gnu_names(output: str) -> list[str]:
-    """The files GNU patch says it checks or patches (QUOTING_STYLE=literal: names as they are)."""
-    names: list[str] = []
-    for line in output.splitlines():
-        m = _GNU_NAME.match(line)
-        if m:
-            names += [n for n in m.groups() if n]
-    return names
-
-
 def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = True) -> confine.ParsedPatch:
     """Refuse ``patch`` (before it is applied to ``room``) when a path it names is not a file of the
     tree: as text, and as resolved in the room's tree as it is now (symlinks followed); for a git
@@ -337,7 +140,7 @@ def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = Tr
     if patch.style == "git":
         res = git(room, "apply", "--numstat", "-z", str(patch.path), check=False)
         if res.ok:
-            confine.check_tool_paths(ref, parsed, "git apply", _numstat_names(res.stdout_bytes), hint)
+            confine.check_tool_paths(ref, parsed, "git apply", numstat_names(res.stdout_bytes), hint)
     return parsed
 
 
@@ -356,18 +159,18 @@ def apply_one(room: Path, patch: Patch) -> tuple[Failure | None, str]:
             three = git(room, "apply", "--index", "--3way", "--whitespace=nowarn", str(patch.path), check=False)
             if three.ok:
                 return None, "git apply --3way"
-            fail = _git_failure(patch, res.stderr)
+            fail = git_failure(patch, res.stderr)
             return Failure(fail.patch, fail.file, fail.hunk,
                            fail.reason + "\n3-way merge: " + (three.stderr.strip() or "conflicts")), "git apply --3way"
-        return _git_failure(patch, res.stderr), "git apply"
+        return git_failure(patch, res.stderr), "git apply"
     dry = patch_cmd(room, patch.path, dry_run=True)
     confine.check_tool_paths(confine.PatchRef(patch.name, patch.path), parsed, "GNU patch", gnu_names(dry.stdout),
                              confine_hint(patch, resume=True))
     if not dry.ok:
-        return _gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
+        return gnu_failure(patch, dry.stdout + dry.stderr), "patch -p1"
     real = patch_cmd(room, patch.path, dry_run=False)
     if not real.ok:
-        return _gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
+        return gnu_failure(patch, real.stdout + real.stderr), "patch -p1"
     touched = sorted(set(gnu_names(real.stdout)))
     # stage what the patch touched (all of the tree when GNU patch named no file)
     git(room, "--literal-pathspecs", "add", "-A", "--", *(touched or ["."]))
@@ -419,205 +222,54 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _series_record(patches: list[Patch]) -> list[dict[str, str]]:
+def series_record(patches: list[Patch]) -> list[dict[str, str]]:
     return [{"name": p.name, "sha256": p.sha256, "style": p.style} for p in patches]
 
 
-def _failure_error(fail: Failure, room: Path, index: int, total: int) -> MismatchError:
+def by_hand(room: Path, patch: Patch, three_way: bool) -> str:
+    """A command that applies what it can of ``patch`` in ``room`` and leaves the rest to resolve by
+    hand (only options the tools take together: git refuses ``--3way`` with ``--reject``)."""
+    r, p = shlex.quote(str(room)), shlex.quote(str(patch.path))
+    if patch.style == "git" and three_way:
+        return f"`git -C {r} apply --3way {p}` leaves conflict markers in the files to resolve"
+    rejects = ("applies the hunks that fit and leaves each other one in a FILE.rej beside its file (apply those by "
+               "hand, then delete the .rej files)")
+    if patch.style == "git":
+        return f"`git -C {r} apply --reject {p}` {rejects}"
+    return f"`patch -d {r} -p1 --no-backup-if-mismatch -i {p}` {rejects}"
+
+
+def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way: bool) -> MismatchError:
     return MismatchError(
         f"patch {index + 1}/{total} {fail.patch.name} does not apply; the clean room stays at the last good "
         f"patch ({index}/{total})",
         where=fail.where(f"{fail.patch.path}"),
         details=fail.reason,
-        hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`, or resolve it by hand in {room} "
-              f"(e.g. `git -C {room} apply --3way --reject {fail.patch.path}`) and run `dcaforge apply --continue` "
-              f"to commit your resolution as this patch; `dcaforge apply --fresh` starts over"),
+        hint=(f"fix {fail.patch.path} and run `dcaforge apply --continue`; or resolve it by hand in the clean room "
+              f"({by_hand(room, fail.patch, three_way)}) and run `dcaforge apply --continue` to commit your "
+              f"resolution as this patch; `dcaforge apply --fresh` starts over"),
     )
-
-
-def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
-    """Copy the source checkout's uncommitted files (its submodules' included, when the room has
-    their files) into the new room; every destination confined to the room's tree."""
-    info = base.checkout
-    if info is None:
-        return []
-    copied: list[str] = []
-    hint = "commit or remove that file in the source checkout, or make the room without --include-wip"
-    skipped_subs: set[str] = set()
-    for rel in info.uncommitted:
-        sub = next((s for s in info.submodules_wip if rel.startswith(s + "/")), None)
-        if sub is not None and (not (room / sub).is_dir() or not any((room / sub).iterdir())):
-            skipped_subs.add(sub)
-            continue
-        src = info.toplevel / rel
-        if src.is_dir() and not src.is_symlink():
-            continue  # a submodule at another commit (its files are listed one by one when they differ)
-        dst = confine.resolve_in(room, rel, what="uncommitted file", where=f"{src} (--include-wip)", hint=hint)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if dst.is_symlink() or dst.exists():
-            dst.unlink()
-        if src.is_symlink():
-            target = os.readlink(src)
-            problem = confine.symlink_target_problem(rel, target)
-            if problem:
-                raise SafetyError(f"uncommitted symlink {rel} {problem}; refusing to copy it", where=str(src), hint=hint)
-            os.symlink(target, dst)
-        else:
-            shutil.copy2(src, dst)  # reads the source, writes only the room
-        copied.append(rel)
-    for rel in info.deleted:
-        if any(rel.startswith(s + "/") for s in skipped_subs):
-            continue
-        dst = confine.resolve_in(room, rel, what="file deleted in the source checkout", where=f"{info.toplevel / rel}",
-                                 hint=hint)
-        if dst.is_file() or dst.is_symlink():
-            dst.unlink()
-            copied.append(rel)
-    for sub in sorted(skipped_subs):
-        notes.append(f"--include-wip: left out the uncommitted files of submodule {sub} (the clean room does not "
-                     "check out submodules: set source.submodules)")
-    return copied
-
-
-def _flatten_submodules(room: Path) -> list[str]:
-    """Make submodules plain folders of the room's tree, so one diff covers everything."""
-    out = git_out(room, "submodule", "status", "--recursive")
-    paths = [ln.split()[1] for ln in out.splitlines() if ln.strip()]
-    for sub in sorted(paths, key=lambda p: -p.count("/")):
-        gitfile = room / sub / ".git"
-        if gitfile.is_file() or gitfile.is_symlink():
-            gitfile.unlink()
-        elif gitfile.is_dir():
-            shutil.rmtree(gitfile)
-    for sub in sorted(paths, key=lambda p: -p.count("/")):
-        git(room, "rm", "-q", "--cached", sub)
-        git(room, "add", "-f", sub)
-    if paths:
-        git(room, "commit", "-q", "--no-verify", "-m", "dcaforge: flatten submodules into the tree\n")
-    return paths
-
-
-def _create(cfg: Config, room: Room, base: BaseSource, include_wip: bool, result: ApplyResult,
-            hooks: ApplyHooks, trust: bool) -> None:
-    from . import trust as consent
-
-    room.check_can_create()
-    trusted = consent.require(cfg, trust)  # before anything is made: a refusal leaves nothing behind
-    room.workspace.mkdir(parents=True, exist_ok=True)
-    tmp = room.workspace / f".{room.path.name}.creating"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    step = hooks.on_step or (lambda s: None)
-    try:
-        step(f"cloning {base.description}")
-        clone = ["clone", "-q", "--no-checkout"]
-        if base.checkout is not None:
-            clone.append("--no-hardlinks")  # never share inodes with the user's repository
-        git(room.workspace, *clone, "--", base.clone_url, str(tmp),
-            hint="check source.git / source.ref in the config")
-        commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
-        if commit is None:
-            raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
-                              hint=f"git ls-remote {base.clone_url}")
-        step(f"checking out {commit[:12]}")
-        git(tmp, "checkout", "-q", "--detach", commit, "--")
-        if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
-            result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
-                                "(a branch or tag can move)")
-        if base.submodules:
-            paths = list(base.submodules) if isinstance(base.submodules, tuple) else []
-            step("checking out submodules")
-            subs = SubmoduleReport()
-            init_submodules(tmp, paths, base.checkout.toplevel if base.checkout else None, subs)
-            for sub, local in sorted(subs.local.items()):
-                result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
-            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))
-        _check_llama_cpp_dir(cfg, tmp)
-        (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
-        if include_wip:
-            result.wip_included = _copy_wip(base, tmp, result.notes)
-            git(tmp, "add", "-A", ".")
-            git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
-                "dcaforge: uncommitted work copied from the source checkout\n")
-        if trusted is not None:
-            cmds = consent.commands(cfg)
-            step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
-                 f"(trusted: {trusted.why}):")
-            for c in cmds:
-                for k, line in enumerate(consent.full_text(c).splitlines()):
-                    step(("  $ " if k == 0 else "    ") + line)
-        boot = run_bootstrap(cfg, tmp, on_step=step)
-        removed = repair_repo_config(tmp / ".git")
-        if removed:
-            result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
-                                f"commands: {', '.join(removed)}")
-        _check_llama_cpp_dir(cfg, tmp)
-        if boot.patches:
-            n = len(boot.patches)
-            result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
-                                "(patch -p1 --fuzz=0)")
-        if boot.ignored_committed:
-            n = len(boot.ignored_committed)
-            result.notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
-                                f"ignores: {', '.join(boot.ignored_committed[:5])}"
-                                + (" ..." if len(boot.ignored_committed) > 5 else ""))
-        if boot.ignored_folders:
-            result.notes.append(f"bootstrap: left ignored folders out of the start commit: "
-                                f"{', '.join(boot.ignored_folders[:5])}")
-        git(tmp, "tag", "-f", START_TAG, "HEAD")
-        marker = Room(tmp, room.workspace)
-        marker.mark({"config": cfg.describe(), "source": base.description})
-        marker.save_state({"phase": "created", "source": base.description, "base": commit,
-                           "start": git_out(tmp, "rev-parse", "HEAD"), "config": cfg.describe(),
-                           "bootstrap": _bootstrap_record(cfg), "submodules": _submodules_record(base),
-                           "wip": bool(include_wip)})
-        if room.path.exists():
-            room.path.rmdir()  # an empty folder (check_can_create) or nothing
-        os.replace(tmp, room.path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    result.created = True
-
-
-def _check_llama_cpp_dir(cfg: Config, tree: Path) -> None:
-    where = f"llama_cpp_dir in {cfg.describe()}"
-    hint = "set llama_cpp_dir to the folder of the tree that holds llama.cpp (`.` when it is the whole tree)"
-    if cfg.llama_cpp_dir not in ("", "."):
-        confine.resolve_in(tree, cfg.llama_cpp_dir, what="llama_cpp_dir", where=where, hint=hint)
-    if not (tree / cfg.llama_cpp_dir).is_dir():
-        raise ConfigError(f"llama_cpp_dir {cfg.llama_cpp_dir!r} is not a folder of the source tree", where=where,
-                          hint=hint)
-
-
-def _bootstrap_record(cfg: Config) -> list[Any]:
-    return [s.record() for s in cfg.bootstrap]
-
-
-def _submodules_record(base: BaseSource) -> bool | list[str]:
-    return list(base.submodules) if isinstance(base.submodules, tuple) else bool(base.submodules)
-
-
-def _can_reset(cfg: Config, state: dict[str, Any], base: BaseSource, include_wip: bool) -> bool:
-    """Can ``--fresh`` reuse this room (reset to its start) instead of cloning again? Only when
-    the same pinned commit, submodules and bootstrap made it: the start commit is then exactly
-    what a new clone would give (submodule commits are pinned by the superproject commit)."""
-    if include_wip or state.get("wip") or not state.get("start"):
-        return False
-    if state.get("source") != base.description or state.get("bootstrap") != _bootstrap_record(cfg):
-        return False
-    if state.get("submodules", False) != _submodules_record(base):
-        return False
-    if not re.fullmatch(r"[0-9a-f]{40}", base.ref):  # a branch or tag may have moved
-        return False
-    return state.get("base") == base.ref and rev_parse(cfg.room, START_TAG) == state.get("start")
 
 
 def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
     """Changes in the room that the last render did not make (hand edits)."""
-    from .render import hand_edited_files
-
     return hand_edited_files(room, state)
+
+
+def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
+    """``--fresh`` without ``--force``: refuse when the room holds hand edits, naming every file."""
+    try:
+        hand = _dirty_beyond_render(room, state)
+    except DcaforgeError:
+        return  # a room git cannot read: --fresh is how it is made again
+    if not hand:
+        return
+    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.get("phase") == "applied" else
+            "`dcaforge apply --continue` commits them as the patch that stopped")
+    raise SafetyError(f"--fresh would discard {len(hand)} hand-edited file{'s' if len(hand) != 1 else ''} in the clean "
+                      "room (changes the last render did not make); nothing was changed",
+                      where=str(room.path), details="\n".join(hand),
+                      hint=f"{keep}; `dcaforge apply --fresh --force` discards them")
 
 
 _NEXT_AFTER_INTERRUPT = {
@@ -630,19 +282,20 @@ _NEXT_AFTER_INTERRUPT = {
 
 
 def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: bool = False,
-          render: bool = True, hooks: ApplyHooks | None = None, trust: bool = False) -> ApplyResult:
+          render: bool = True, hooks: ApplyHooks | None = None, trust: bool = False, force: bool = False) -> ApplyResult:
     """``dcaforge apply``: make or refresh the clean room, apply the series, tag the baseline,
     render the feature. ``trust``: the config's bootstrap commands may run (see :mod:`dcaforge.trust`).
+    ``fresh`` refuses a room with hand edits (changes the last render did not make) unless ``force``.
 
     An interrupt (Ctrl-C, SIGTERM) leaves the room at its last completed step and raises
     :class:`InterruptedRun`, whose hint is the command that carries on; after a hard kill,
     ``apply --continue`` carries on from wherever the room is (and starts when no room was made)."""
     hooks = hooks or ApplyHooks()
     if fresh and cont:
-        raise DcaforgeError("--fresh and --continue exclude each other", hint="dcaforge apply --fresh")
+        raise DcaforgeError("--fresh and --continue exclude each other", hint="`dcaforge apply --fresh`")
     stage = ["preparing"]
     try:
-        return _apply(cfg, fresh, cont, include_wip, render, hooks, trust, stage)
+        return _apply(cfg, fresh, cont, include_wip, render, hooks, trust, force, stage)
     except InterruptedRun:
         raise
     except KeyboardInterrupt:
@@ -653,18 +306,8 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                              hint=_NEXT_AFTER_INTERRUPT[stage[0]]) from None
 
 
-def _reset_to_start(room: Room, state: dict[str, Any]) -> None:
-    """Back to the start commit, every other file (ignored ones included) removed; recorded as
-    ``resetting`` first, so an interrupted reset is done again by the next apply."""
-    keep = {k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules") if k in state}
-    room.save_state(keep | {"phase": "resetting"})
-    git(room.path, "tag", "-d", BASELINE_TAG, check=False)
-    room.reset_hard(START_TAG, everything=True)
-    room.save_state(keep | {"phase": "created"})
-
-
 def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool, hooks: ApplyHooks, trust: bool,
-           stage: list[str]) -> ApplyResult:
+           force: bool, stage: list[str]) -> ApplyResult:
     patches = discover(cfg)  # check first: the series is readable, and names nothing outside the tree
     check_series(patches)
     room = Room.of(cfg)
@@ -683,27 +326,32 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 if not fresh:
                     raise
                 state = {}  # --fresh makes it again
+            if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
+                _refuse_to_discard(room, state)
             if state.get("phase") == "resetting":
                 stage[0] = "resetting"
-                _reset_to_start(room, state)
+                reset_to_start(room, state)
                 result.notes.append("finished an interrupted reset of the clean room to its start commit")
-            elif fresh and _can_reset(cfg, state, base, include_wip):
+            elif fresh and can_reset(cfg, state, base, include_wip):
                 # same base, bootstrap and no wip: back to the start commit, every other file
                 # (ignored ones included) removed; much faster than a new clone and checkout
                 stage[0] = "resetting"
-                _reset_to_start(room, state)
+                reset_to_start(room, state)
                 result.notes.append("fresh: reset the clean room to its start commit")
             elif fresh or state.get("phase") in (None, "creating"):
                 room.delete()
             elif include_wip:
                 raise SafetyError("--include-wip only applies when the clean room is made",
-                                  where=str(room.path), hint="dcaforge apply --fresh --include-wip")
+                                  where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
         elif cont:
             result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
             cont = False
         if not room.is_ours():
             stage[0] = "creating"
-            _create(cfg, room, base, include_wip, result, hooks, trust)
+            made = create(cfg, room, base, include_wip=include_wip, trust=trust, on_step=hooks.on_step)
+            result.notes += made.notes
+            result.wip_included = made.wip_included
+            result.created = True
         stage[0] = "applying"
         state = room.load_state()
         result.start = state["start"]
@@ -715,16 +363,17 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
         if state.get("source") != base.description:
             raise DcaforgeError(
                 f"the clean room was made from {state.get('source')}, the config now says {base.description}",
-                where=str(room.path), hint="dcaforge apply --fresh")
-        if state.get("bootstrap", []) != _bootstrap_record(cfg) or \
-                state.get("submodules", _submodules_record(base)) != _submodules_record(base):
+                where=str(room.path), hint="`dcaforge apply --fresh`")
+        if state.get("bootstrap", []) != bootstrap_record(cfg) or \
+                state.get("submodules", submodules_record(base)) != submodules_record(base):
             raise DcaforgeError(
                 "the clean room was made with other bootstrap steps or submodules than the config now has",
                 where=f"{room.path} (made with: {state.get('config')})",
-                hint="`dcaforge apply --fresh` makes it again with the config's (capture hand edits first)")
+                hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
+                     "writes them into the feature's templates first)")
 
         if phase == "applied" and not cont:
-            if state.get("series") == _series_record(patches):
+            if state.get("series") == series_record(patches):
                 result.skipped_to = len(patches)
                 result.baseline = state.get("baseline")
                 result.notes.append("series unchanged since the last apply")
@@ -736,7 +385,8 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                     f"the series changed, and the clean room has changes the last render did not make: "
                     f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
                     where=str(room.path),
-                    hint="`dcaforge capture` them first, or `dcaforge apply --fresh` to discard them")
+                    hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
+                         "again); `dcaforge apply --fresh --force` discards them")
             room.update_state(phase="applying")
             room.reset_hard(START_TAG)
             names = []
@@ -755,10 +405,17 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 "the series changed under a half-applied clean room",
                 where=str(room.path),
                 details=f"applied: {', '.join(names[-3:]) or '(none)'}",
-                hint="dcaforge apply --fresh")
+                hint="`dcaforge apply --fresh`")
         k = len(names)
         if cont and phase == "failed" and k < len(patches):
-            if status_porcelain(room.path):
+            changed = status_porcelain(room.path)
+            rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
+            if rejects:
+                raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
+                                    "nothing was committed", where=str(room.path), details="\n".join(rejects),
+                                    hint="apply their hunks by hand and delete the .rej files, then run "
+                                         "`dcaforge apply --continue` again")
+            if changed:
                 # the user resolved the failed patch by hand: commit it as that patch
                 git(room.path, "add", "-A", ".")
                 git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m",
@@ -769,7 +426,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
         elif cont or phase in ("interrupted", "applying"):
             room.reset_hard("HEAD")
         result.skipped_to = k
-        room.update_state(phase="applying", series=_series_record(patches), failed=None, rendered=None)
+        room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
         _apply_range(room, patches, k, result, hooks)
         baseline = room.head()
         git(room.path, "tag", "-f", BASELINE_TAG, baseline)
@@ -806,7 +463,7 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
                 room.update_state(phase="failed", failed={
                     "patch": patch.name, "index": i, "file": fail.file,
                     "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
-                raise _failure_error(fail, room.path, i, total)
+                raise _failure_error(fail, room.path, i, total, method == "git apply --3way")
             tree = git_out(room.path, "write-tree")
             head = git_out(room.path, "commit-tree", tree, "-p", head, "-m", commit_message(patch))
             result.applied_now.append(patch.name)
@@ -832,18 +489,8 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
 def _finish(cfg: Config, room: Room, result: ApplyResult, render: bool, rebuilt: bool) -> ApplyResult:
     if not render:
         return result
-    from .render import render_feature
-
     if not (cfg.feature.templates / "manifest.yaml").is_file():
         result.notes.append(f"no feature templates at {cfg.feature.templates}: nothing rendered")
         return result
     result.render = render_feature(cfg, room, force=rebuilt)
     return result
-
-
-def baseline_of(room: Room) -> str:
-    sha = rev_parse(room.path, BASELINE_TAG)
-    if sha is None:
-        raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
-                            where=str(room.path), hint="dcaforge apply --continue")
-    return sha

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import sys
 import tarfile
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import confine
+from . import trust as consent
 from .config import Config, GitSource, PypiSource
 from .errors import CommandError, ConfigError, SafetyError
 from .git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run
@@ -50,6 +53,11 @@ class BaseSource:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:60]
+
+
+def sdist_dir(requirement: str) -> Path:
+    """Where the sdist of ``requirement`` is kept in the cache (put it there to skip the download)."""
+    return cache_root() / "sdists" / _slug(requirement)
 
 
 def _key(src: PypiSource) -> str:
@@ -131,7 +139,7 @@ def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Calla
     if (bare / "dcaforge-import-done").is_file():
         commit = (bare / "dcaforge-import-done").read_text().strip()
         return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
-    archive = download_sdist(src.requirement, root / "sdists" / _slug(src.requirement), may_run)
+    archive = download_sdist(src.requirement, sdist_dir(src.requirement), may_run)
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="import-", dir=root / "tmp"))
     try:
@@ -140,7 +148,7 @@ def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Calla
         if not is_inside(tree, top) or not tree.is_dir():
             raise ConfigError(f"subdir {src.subdir!r} is not a folder of {archive.name}",
                               where=f"source.subdir ({archive})",
-                              hint=f"look inside: tar tzf {archive} | head")
+                              hint=f"look inside: `tar tzf {shlex.quote(str(archive))} | head`")
         _drop_nested_git(tree)
         tmp_bare = work / "base.git"
         git(work, "init", "-q", "--bare", str(tmp_bare))
@@ -172,7 +180,7 @@ def prepare_git(src: GitSource) -> BaseSource:
             raise ConfigError(f"source path is not a git checkout: {src.url}" + (" (a bare repository)" if bare else ""),
                               where="source.git",
                               hint=f"to clone a bare repository, write it as a URL: `git: {local.as_uri()}`" if bare
-                              else f"point source.git at a checkout (see `git -C {src.url} status`) or a URL")
+                              else f"point source.git at a checkout (see `git -C {shlex.quote(src.url)} status`) or a URL")
     return BaseSource(clone_url=src.url, ref=src.ref, description=src.describe(), checkout=checkout,
                       submodules=src.submodules)
 
@@ -181,9 +189,7 @@ def prepare(cfg: Config, trust: bool = False) -> BaseSource:
     """The source to clone from; a PyPI sdist that is not in the cache yet is downloaded only for a
     trusted config (``trust``: --trust; see :mod:`dcaforge.trust`)."""
     if isinstance(cfg.source, PypiSource):
-        from . import trust as consent
-
-        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req))
+        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req, sdist_dir(req)))
     else:
         base = prepare_git(cfg.source)
     check_workspace(cfg, base)
@@ -193,22 +199,15 @@ def prepare(cfg: Config, trust: bool = False) -> BaseSource:
 def check_workspace(cfg: Config, base: BaseSource | None = None) -> None:
     """Refuse a workspace inside the source checkout, its git directory (a linked worktree's
     common one and its main worktree included) or any git directory: it would dirty the user's tree."""
-    from .bookkeeping import _git_dir_above
-
     for p in (cfg.workspace, cfg.room):
-        gitdir = _git_dir_above(Path(os.path.realpath(p)))
+        gitdir = confine.git_dir_above(Path(os.path.realpath(p)))
         if gitdir is not None:
             raise SafetyError(f"the clean-room workspace {cfg.workspace} is inside the git directory {gitdir}",
                               where=f"cleanroom: in {cfg.describe()}",
                               hint="set 'cleanroom:' to a folder outside git directories and the source checkout")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = base.checkout if base else inspect_checkout(cfg.source.local_path)
-        tops = [info.toplevel if info else cfg.source.local_path]
-        if info is not None:
-            tops += [d for d in (info.git_dir, info.common_dir) if d is not None]
-            if info.common_dir is not None and info.common_dir.name == ".git":
-                tops.append(info.common_dir.parent)
-        for top in tops:
+        for top in info.folders if info else [cfg.source.local_path]:
             if is_inside(cfg.workspace, top) or is_inside(cfg.room, top):
                 raise SafetyError(
                     f"the clean-room workspace {cfg.workspace} is inside the source checkout {top}",

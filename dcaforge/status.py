@@ -8,13 +8,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capture import baseline_tree, tree_diff, worktree_tree
 from .cleanroom import Room
 from .config import Config, GitSource
 from .errors import DcaforgeError
 from .git import config_problems, inspect_checkout
-from .render import hand_edited_files, manifest_digest
-from .series import _series_record, applied_names, discover
+from .manifest import manifest_digest
+from .render import hand_edited_files
+from .series import applied_names, discover, series_record
+from .trees import baseline_tree, tree_diff, worktree_tree
 
 
 @dataclass
@@ -64,7 +65,7 @@ def status(cfg: Config) -> StatusResult:
     res.unsafe_config = config_problems(room.path / ".git" / "config")
     if res.unsafe_config:
         return res  # no git runs there until a command that takes the room has removed them
-    res.series_changed = state.get("series") not in (None, _series_record(patches))
+    res.series_changed = state.get("series") not in (None, series_record(patches))
     res.failed = state.get("failed")
     res.series_applied = len(applied_names(room.path))
     res.baseline = state.get("baseline")

@@ -22,7 +22,9 @@ the result's ``notes``.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -31,12 +33,13 @@ from typing import Any
 
 import yaml
 
-from .capture import changed_paths, worktree_tree
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
 from .errors import DcaforgeError
-from .git import git, rev_parse, run, tree_of
-from .render import EditSpec, GitTree, Manifest, Tree, apply_edit, find_anchor, load_manifest, plan, render_template
+from .git import git, run
+from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
+from .render import apply_edit, find_anchor, plan, render_template
+from .trees import GitTree, Tree, baseline_commit, changed_paths, tree_of, worktree_tree
 
 _JINJA_OPEN = re.compile(r"\{\{|\{%|\{#")
 _SPECIAL = {c: "\\" + c for c in "()[]{}?*+|^$\\."}
@@ -174,7 +177,7 @@ def feature_of(room: Path, base_rev: str, prefix: str) -> Feature:
         old = git(room, "cat-file", "-p", f"{base_tree}:{path}", check=False)
         if not file.exists():
             raise DcaforgeError(f"{path} was deleted: templates cannot delete files", where=str(file),
-                                hint=f"git -C {room} checkout {BASELINE_TAG} -- {path}")
+                                hint=f"restore it: `git -C {shlex.quote(str(room))} checkout {BASELINE_TAG} -- {shlex.quote(path)}`")
         try:
             new = file.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
@@ -315,8 +318,8 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
                 out.files.append(_file_dict(spec.template, spec.dest, None if spec.mode is None else f"0{spec.mode:o}", spec))
                 out.kept += 1
         # the old bodies are written again from the entries that still use them (_bodies_to_files)
-        used = {f.template for f in old.files} | {x.text_file for e in old.edits for x in (e, *e.alternatives)
-                                                  if x.text_file is not None}
+        used = {f.template for f in old.files} | {e.text_file for e in old.edits if e.text_file is not None} \
+            | {a.text_file for e in old.edits for a in e.alternatives if a.text_file is not None}
         for p in sorted(old.folder.rglob("*")):
             rel = p.relative_to(old.folder).as_posix()
             if p.is_file() and rel != "manifest.yaml" and rel not in used and rel not in out.templates:
@@ -425,9 +428,9 @@ def _bodies_to_files(out: _Merged) -> None:
             d.update(items)
 
 
-def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> _Merged:
+def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> tuple[_Merged, dict[str, tuple[bytes, int]]]:
     """Write manifest.yaml and the templates into a fresh folder, check that it renders the room's
-    files exactly, and only then replace the old folder."""
+    files exactly, and only then replace the old folder; returns what the new folder renders."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     old = load_manifest(folder) if (folder / "manifest.yaml").is_file() else None
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -444,7 +447,7 @@ def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> _M
         doc = yaml.dump({"files": merged.files, "edits": merged.edits}, Dumper=_Dumper, sort_keys=False, width=1000,
                         allow_unicode=True)
         (tmp / "manifest.yaml").write_text(HEADER + doc, encoding="utf-8", newline="")
-        _check_renders_back(cfg, feature, tmp, tree)
+        outputs = _check_renders_back(cfg, feature, tmp, tree)
         if folder.exists():
             backup = folder.with_name(f".{folder.name}.old")
             shutil.rmtree(backup, ignore_errors=True)
@@ -453,14 +456,14 @@ def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> _M
             shutil.rmtree(backup)
         else:
             tmp.rename(folder)
-        return merged
+        return merged, outputs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> None:
-    """The renderer itself, on the baseline, must give exactly the room's changed files."""
+def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> dict[str, tuple[bytes, int]]:
+    """The renderer itself, on the baseline, must give exactly the room's changed files; returns what it renders."""
     try:
         p = plan(cfg, tree, load_manifest(folder))
     except DcaforgeError as exc:
@@ -481,18 +484,21 @@ def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree)
             raise DcaforgeError(f"the generated templates do not render back to the room's {rel}",
                                 where=str(folder / "manifest.yaml"), details="\n".join(list(diff)[:20]),
                                 hint="this is a bug in templatize or in a hand-written part kept from the old manifest")
+    return p.outputs
 
 
 def templatize(cfg: Config) -> TemplatizeResult:
     room = Room.of(cfg)
     room.require()
     with locked(room):
-        base = rev_parse(room.path, BASELINE_TAG)
-        if base is None:
-            raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="dcaforge apply")
-        prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.strip("/")
+        base = baseline_commit(room)
+        prefix = cfg.llama_prefix.rstrip("/")
         feature = feature_of(room.path, base, prefix)
-        merged = write_feature(cfg, feature, cfg.feature.templates, GitTree(room.path, base))
+        merged, outputs = write_feature(cfg, feature, cfg.feature.templates, GitTree(room.path, base))
+        # the room holds exactly what the new templates render: recorded as rendered, so render and
+        # apply see no hand edits in it any more
+        room.update_state(rendered={rel: hashlib.sha256(data).hexdigest() for rel, (data, _m) in sorted(outputs.items())},
+                          rendering=None, render_error=None, templates_digest=manifest_digest(cfg.feature.templates))
     return TemplatizeResult(folder=cfg.feature.templates, files=len(feature.files), edits=len(feature.edits),
                             edited_files=len({e.file for e in feature.edits}), kept=merged.kept,
                             notes=tuple(merged.notes))

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import BUILTIN_CONFIG, BootstrapStep, Config
+from .config import BUILTIN_CONFIG, BootstrapStep, Config, PypiSource, parse_config
 from .errors import ConfigError, DcaforgeError
 from .yamlio import Reader, load_yaml
 
@@ -111,30 +111,27 @@ def require(cfg: Config, flag: bool) -> Trust | None:
         f"{cfg.describe()} declares {len(steps)} command{'s' if len(steps) != 1 else ''} to run in the clean room "
         "(bootstrap:), and dcaforge runs a config's commands only when you trust it; nothing was run or made",
         where=f"{cfg.describe()} (bootstrap:)", details=shown,
-        hint=f"read them; if you trust them, run `dcaforge apply --trust -c {cfg.describe()}`, or add the config (or its "
+        hint=f"read them; if you trust them, run `dcaforge apply --trust`, or add the config (or its "
              f"folder, ending with /) to 'trusted:' in {settings_path()}")
 
 
-def require_download(cfg: Config, flag: bool, requirement: str) -> None:
+def require_download(cfg: Config, flag: bool, requirement: str, cache: Path) -> None:
     """pip prepares a downloaded sdist's metadata by running the package's build backend: that is a
-    command too, run only for a trusted config, or for the requirement the built-in default names."""
+    command too, run only for a trusted config, or for the requirement the built-in default names
+    (``cache``: the folder where the sdist, put there by hand, is used without a download)."""
     if trust_of(cfg, flag).trusted or requirement == _builtin_requirement():
         return
-    from .source import _slug, cache_root
-
     raise TrustError(
         f"{cfg.describe()} asks for the sdist {requirement}, which is not in dcaforge's cache; downloading it runs "
         "its build backend (pip prepares an sdist's metadata with the package's own code), and dcaforge runs a "
         "config's commands only when you trust it; nothing was downloaded or made",
         where=f"{cfg.describe()} (source.pypi)",
-        hint=f"if you trust the package, run `dcaforge apply --trust -c {cfg.describe()}` (or list the config in "
-             f"{settings_path()}), or put its sdist into {cache_root() / 'sdists' / _slug(requirement)} yourself")
+        hint=f"if you trust the package, run `dcaforge apply --trust` (or list the config in "
+             f"{settings_path()}), or put its sdist into {cache} yourself")
 
 
 def _builtin_requirement() -> str | None:
     """The sdist dcaforge's own default names (trusted wherever a config names it too)."""
-    from .config import PypiSource, parse_config
-
     try:
         src = parse_config(BUILTIN_CONFIG).source
     except DcaforgeError:

@@ -20,17 +20,14 @@ script with a stand-in nvcc) is :mod:`dcaforge.dryrun`.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .config import Config
-    from .render import Tree
+from .config import Config
+from .trees import GitTree, Overlay, Tree
 
 SOURCE_EXTS = (".c", ".cpp", ".cu")
 
@@ -63,41 +60,6 @@ class WiringReport:
 
     def describe_missing(self) -> str:
         return "\n".join(f"{r.source}: not built by {r.build}; add it to {r.join}" for r in self.missing)
-
-
-# --- the tree as rendered: the baseline plus the render's outputs ---------------------------
-
-class View:
-    """Read the rendered tree without writing it: ``outputs`` (room-relative path -> (bytes,
-    mode)) over the baseline ``tree``."""
-
-    def __init__(self, tree: Tree, outputs: dict[str, tuple[bytes, int]]) -> None:
-        self.tree = tree
-        self.outputs = outputs
-
-    def text(self, rel: str) -> str | None:
-        if rel in self.outputs:
-            return self.outputs[rel][0].decode("utf-8", errors="replace")
-        if self.tree.is_file(rel):
-            return self.tree.read(rel).decode("utf-8", errors="replace")
-        return None
-
-    def is_file(self, rel: str) -> bool:
-        return rel in self.outputs or self.tree.is_file(rel)
-
-    def listdir(self, folder: str) -> list[str]:
-        """Names of the files directly in ``folder`` (room-relative)."""
-        folder = folder.strip("/")
-        names = {posixpath.basename(p) for p in self.outputs if posixpath.dirname(p) == folder}
-        entries = getattr(self.tree, "entries", None)
-        if entries is not None:  # a GitTree
-            names |= {posixpath.basename(p) for p in entries if posixpath.dirname(p) == folder}
-        else:
-            root = getattr(self.tree, "root", None)
-            if root is not None and os.path.isdir(os.path.join(root, folder)):
-                names |= {n for n in os.listdir(os.path.join(root, folder))
-                          if os.path.isfile(os.path.join(root, folder, n))}
-        return sorted(names)
 
 
 def added_sources(tree: Tree, outputs: dict[str, tuple[bytes, int]]) -> list[str]:
@@ -217,7 +179,7 @@ def _split_rule(line: str) -> tuple[str, str] | None:
     return None
 
 
-def read_make(view: View, root: str = "Makefile") -> MakeDb:
+def read_make(view: Overlay, root: str = "Makefile") -> MakeDb:
     """The variables and rules of ``root`` and every make file it includes by a literal path
     (variables in an include path are not expanded: such includes are left out)."""
     db = MakeDb()
@@ -374,7 +336,7 @@ def script_join_hint(text: str, path: str, script: str) -> str | None:
 _GLOB = re.compile(r"file\s*\(\s*GLOB(?:_RECURSE)?\s+\w+\s+([^)]*)\)", re.I)
 
 
-def cmake_coverage(view: View, path: str, top: str) -> tuple[str | None, str | None]:
+def cmake_coverage(view: Overlay, path: str, top: str) -> tuple[str | None, str | None]:
     """(how it is built, or None; the CMakeLists.txt line naming a sibling, for the hint)."""
     folder = posixpath.dirname(path)
     while True:
@@ -405,7 +367,7 @@ def cmake_coverage(view: View, path: str, top: str) -> tuple[str | None, str | N
 
 def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]]) -> WiringReport:
     """Whether every C, C++ and CUDA file the render adds is built by ``cfg.build.backend``."""
-    view = View(tree, outputs)
+    view = Overlay(tree, outputs)
     prefix = "" if cfg.llama_cpp_dir in ("", ".") else cfg.llama_cpp_dir.rstrip("/") + "/"
     backend = cfg.build.backend
     report = WiringReport(backend=backend)
@@ -461,8 +423,6 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
 def check_room(cfg: Config, tree_path: Path, baseline_rev: str, rendered: Iterable[str]) -> WiringReport:
     """The wiring check of a rendered work tree on disk (``rendered``: the files the render wrote,
     room-relative), against the baseline commit ``baseline_rev`` of the clean room."""
-    from .render import GitTree
-
     outputs: dict[str, tuple[bytes, int]] = {}
     for rel in rendered:
         p = tree_path / rel

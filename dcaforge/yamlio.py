@@ -203,18 +203,48 @@ def _expanded_size(node: yaml.Node, file: str, memo: dict[int, int], active: set
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "a mapping",
                list: "a list", float: "a number"}
+#: How each type is written in YAML, for hints.
+_EXAMPLES = {str: '"text"', int: "4", bool: "true", dict: "{key: value}", list: "[a, b]", float: "1.5"}
 
 
-def _describe(value: Any) -> str:
+def show(value: Any, limit: int = 60) -> str:
+    """``value`` as YAML writes it (flow style), cut to about ``limit`` characters."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{k}: {show(v, limit)}" for k, v in value.items()) + "}"
+    elif isinstance(value, list):
+        text = "[" + ", ".join(show(v, limit) for v in value) + "]"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def describe(value: Any) -> str:
+    """The type and the value a config holds, for a message: ``a string '4'``, ``a list [1, 2]``."""
     if value is None:
         return "nothing"
     if isinstance(value, bool):
-        return f"boolean {value}"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"
+        return f"a boolean {show(value)}"
+    for t, name in _TYPE_NAMES.items():
+        if t is not bool and isinstance(value, t):
+            return f"{name} {show(value)}"
+    return f"{type(value).__name__} {show(value)}"
+
+
+def type_hint(name: str, value: Any, types: tuple[type, ...]) -> str:
+    """The next step for a value of the wrong type: the key written with a value of a type it takes."""
+    if isinstance(value, str):
+        raw = value.strip()
+        if (int in types and raw.lstrip("-").isdigit()) or (bool in types and raw.lower() in ("true", "false")):
+            return f"write it without quotes ({name}: {raw.lower() if bool in types else raw}), then run the command again"
+    example = _EXAMPLES.get(types[0], "...")
+    return f"write it as {' or '.join(_TYPE_NAMES.get(t, t.__name__) for t in types)} (e.g. {name}: {example}), " \
+           "then run the command again"
 
 
 class Reader:
@@ -228,7 +258,7 @@ class Reader:
             data.key_lines = {}
             data.line = line
         if not isinstance(data, dict):
-            raise ConfigError(f"'{prefix or '(top level)'}' must be a mapping, got {_describe(data)}",
+            raise ConfigError(f"'{prefix or '(top level)'}' must be a mapping, got {describe(data)}",
                               where=f"{file}:{getattr(data, 'line', line) or line}")
         self.data = data
         self.line = line or getattr(data, "line", 0)
@@ -266,8 +296,8 @@ class Reader:
             ok = True
         if not ok:
             want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in tup)
-            raise ConfigError(f"'{self.key(name)}' must be {want}, got {_describe(value)}",
-                              where=self.where(name))
+            raise ConfigError(f"'{self.key(name)}' must be {want}, got {describe(value)}",
+                              where=self.where(name), hint=type_hint(name, value, tup))
         return value
 
     def sub(self, name: str, *, required: bool = False) -> Reader:

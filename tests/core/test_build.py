@@ -153,7 +153,7 @@ def test_build_config_defaults_and_values(tmp_path: Path) -> None:
 @pytest.mark.parametrize("extra, message, line", [
     ("build:\n  backend: bazel\n", "'build.backend' must be one of cmake, llamafile, got 'bazel'", 10),
     ("build:\n  cmake:\n    genrator: Ninja\n", "unknown key 'build.cmake.genrator'", 11),
-    ("build:\n  jobs: many\n", "'build.jobs' must be an integer, got str 'many'", 10),
+    ("build:\n  jobs: many\n", "'build.jobs' must be an integer, got a string 'many'", 10),
     ("build:\n  jobs: 0\n", "'build.jobs' must be at least 1", 10),
     ("build:\n  cmake:\n    dir: /abs\n", "'build.cmake.dir' must be a relative path inside the tree", 11),
     ("build:\n  cmake:\n    targets: llama\n", "'build.cmake.targets' must be a list", 11),

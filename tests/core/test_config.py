@@ -47,7 +47,7 @@ def test_good_config_resolves_paths_relative_to_the_file(tmp_path: Path) -> None
     (GOOD.replace("  range: 0001-0077", "  rnage: 0001-0077"), "unknown key 'series.rnage'", 7),
     (GOOD.replace("name: upstream", "name: upstream\ncolour: red"), "unknown key 'colour'", 2),
     (GOOD.replace("  number: 78", "  number: seventy-eight"),
-     "'feature.number' must be an integer, got str 'seventy-eight'", 9),
+     "'feature.number' must be an integer, got a string 'seventy-eight'", 9),
     (GOOD.replace("  vars: {chunk: 8192}", "  vars: [1, 2]"), "'feature.vars' must be a mapping, got a list", 13),
     (GOOD.replace("  range: 0001-0077", "  range: first-to-last"), "'series.range' must look like 0001-0077", 7),
     (GOOD.replace("  marker: \"// opencoti F5 dca\"\n", ""), "missing key 'feature.marker'", 8),

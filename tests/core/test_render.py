@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dcaforge.drift import check
 from dcaforge.errors import ConfigError, MismatchError
-from dcaforge.render import _anchor_literal, check, render
+from dcaforge.render import anchor_literal, render
 from dcaforge.series import apply
 
 from .conftest import write_feature
@@ -161,8 +162,8 @@ def test_manifest_errors_name_key_and_line(project) -> None:
     assert exc.value.where == f"{project.feature / 'manifest.yaml'}:3"
 
 
-def test_anchor_literal() -> None:
-    assert _anchor_literal(r"(?m)^(\s*)Kcur = ggml_rope_ext\(ctx0, Kcur, inp_pos,") == \
+def testanchor_literal() -> None:
+    assert anchor_literal(r"(?m)^(\s*)Kcur = ggml_rope_ext\(ctx0, Kcur, inp_pos,") == \
         "Kcur = ggml_rope_ext(ctx0, Kcur, inp_pos,"
 
 

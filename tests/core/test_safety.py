@@ -12,8 +12,9 @@ import pytest
 
 from dcaforge.capture import capture
 from dcaforge.cleanroom import Room, locked
+from dcaforge.drift import check
 from dcaforge.errors import LockedError, MismatchError, SafetyError
-from dcaforge.render import check, render
+from dcaforge.render import render
 from dcaforge.series import apply
 from dcaforge.status import status
 from dcaforge.verify import verify

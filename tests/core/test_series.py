@@ -13,7 +13,8 @@ import pytest
 
 from dcaforge.cleanroom import Room
 from dcaforge.errors import DcaforgeError, MismatchError
-from dcaforge.series import ApplyHooks, applied_names, apply, parse_hunks
+from dcaforge.patchfile import parse_hunks
+from dcaforge.series import ApplyHooks, applied_names, apply
 
 from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, sigint_default
 
@@ -236,5 +237,5 @@ def test_series_change_reapplies_and_source_change_needs_fresh(project) -> None:
     cfg2 = project.write_config(source=f"git: {other}\nref: main")
     with pytest.raises(DcaforgeError, match="the config now says") as exc:
         apply(cfg2)
-    assert exc.value.hint == "dcaforge apply --fresh"
+    assert exc.value.hint == "`dcaforge apply --fresh`"
     assert apply(cfg2, fresh=True).created

@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 from dcaforge.config import PypiSource
-from dcaforge.source import _key, _slug, prepare_pypi
+from dcaforge.source import _key, prepare_pypi, sdist_dir
 
 
 def _sdist(path: Path) -> None:
@@ -36,7 +36,7 @@ def _sdist(path: Path) -> None:
 def _prepare(cache: Path, monkeypatch) -> tuple[str, str]:
     monkeypatch.setenv("DCAFORGE_CACHE", str(cache))
     src = PypiSource("pkg==1.0", "vendor/llama.cpp")
-    sdists = cache / "sdists" / _slug(src.requirement)
+    sdists = sdist_dir(src.requirement)
     sdists.mkdir(parents=True)
     _sdist(sdists / "pkg-1.0.tar.gz")  # already "downloaded": pip is not called
     base = prepare_pypi(src)
@@ -73,7 +73,7 @@ def test_pypi_source_apply_and_fresh_reuses_the_room(tmp_path: Path, monkeypatch
     (room / "ggml/ggml.c").write_text("hand edit\n")
     (room / "build").mkdir()
     (room / "build/x.o").write_text("obj")
-    res = apply(cfg, fresh=True, render=False)
+    res = apply(cfg, fresh=True, render=False, force=True)  # --force: the hand edit goes
     assert not res.created and "fresh: reset the clean room to its start commit" in res.notes
     assert (room / "ggml/ggml.c").read_text() == "int ggml;\n" and not (room / "build").exists()
     assert (room / "src/kept.o").exists()  # tracked in the base even though .gitignore lists *.o

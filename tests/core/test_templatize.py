@@ -9,7 +9,7 @@ import pytest
 
 from dcaforge.capture import capture
 from dcaforge.errors import DcaforgeError
-from dcaforge.render import load_manifest
+from dcaforge.manifest import load_manifest
 from dcaforge.series import apply
 from dcaforge.templatize import file_edits, templatize
 from dcaforge.verify import verify
@@ -167,7 +167,7 @@ def test_templatize_keeps_what_was_written_by_hand(project) -> None:
     for rel, text in expected.items():
         assert (cfg.room / rel).read_text() == text
     verify(cfg, patch, fresh_render=True)
-    from dcaforge.render import check
+    from dcaforge.drift import check
     other = project.tmp / "old-tree"
     (other / "src").mkdir(parents=True)
     (other / "src/llama.cpp").write_text((project.source / "src/llama.cpp").read_text())

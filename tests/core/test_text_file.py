@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from dcaforge.errors import ConfigError
-from dcaforge.render import DirTree, load_manifest, manifest_digest, plan
+from dcaforge.manifest import load_manifest, manifest_digest
+from dcaforge.render import plan
+from dcaforge.trees import DirTree
 
 from .conftest import write_feature
 from .helpers import build_tree, source_files
@@ -168,7 +170,7 @@ def test_text_and_text_file_together_or_neither(tmp_path: Path) -> None:
     assert err.message == "missing key 'edits[1].text'" and "text_file" in (err.hint or "")
     folder = _feature(tmp_path / "type", AS_FILES, TRICKY)
     err = _load_error(folder, "text_file: edits/src/llama.cpp/replace.inc.j2", "text_file: [a, b]")
-    assert err.message == "'edits[1].text_file' must be a string, got a list"
+    assert err.message == "'edits[1].text_file' must be a string, got a list ['a', 'b']"
 
 
 def test_a_files_template_may_not_leave_the_folder_either(tmp_path: Path) -> None:

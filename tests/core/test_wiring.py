@@ -9,7 +9,9 @@ from pathlib import Path
 
 from dcaforge.config import Config, parse_config
 from dcaforge.drift import canary
-from dcaforge.render import DirTree, load_manifest, plan
+from dcaforge.manifest import load_manifest
+from dcaforge.render import plan
+from dcaforge.trees import DirTree
 from dcaforge.wiring import check_wiring
 
 REPO = Path(__file__).resolve().parents[2]

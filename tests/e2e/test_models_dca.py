@@ -26,11 +26,13 @@ Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S 
   (d) quantized caches at 800 tokens with FA on, three token sequences, six archs: the argmax
       disagreement of type+DCA against f16+DCA is no larger than that of type against f16
       without DCA (up to a 2-sigma counting-noise allowance), and DCA does not inflate the type's
-      mean logit error; the rates are written to tests/models/RESULTS.md (path overridable with
-      DCAFORGE_RESULTS).
+      mean logit error.
 
-Run: DCAFORGE_LLAMA_TREE=... DCAFORGE_LLAMA_BUILD=... DCAFORGE_BASE_TREE=... DCAFORGE_BASE_BUILD=... \
-     python -m pytest -q tests/e2e/test_models_dca.py
+The measured tables are written to build/results/models-dca.md (ignored by git; DCAFORGE_RESULTS
+names another file); ``--update-results`` writes the committed tests/models/RESULTS.md instead.
+
+Run: python -m pytest -q tests/e2e/test_models_dca.py [--update-results]
+     (trees of your own: DCAFORGE_LLAMA_TREE=... DCAFORGE_LLAMA_BUILD=... DCAFORGE_BASE_TREE=... DCAFORGE_BASE_BUILD=...)
 Threads: DCAFORGE_THREADS (default 2).
 """
 
@@ -68,9 +70,14 @@ QUANT_SEEDS = (7, 11, 12)    # (d): three sequences, so the argmax counts are no
 CACHE_TYPES = [("f16", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"), ("q5_1", "q5_1"),
                ("q5_0", "q5_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0")]
 
-RESULTS_PATH = Path(os.environ.get("DCAFORGE_RESULTS", ROOT / "tests" / "models" / "RESULTS.md"))
+#: The committed results (written with --update-results) and where a plain run writes them.
+COMMITTED_RESULTS = ROOT / "tests" / "models" / "RESULTS.md"
+BUILD_RESULTS = ROOT / "build" / "results" / "models-dca.md"
+TREE_VARS = ("DCAFORGE_LLAMA_TREE", "DCAFORGE_LLAMA_BUILD", "DCAFORGE_BASE_TREE", "DCAFORGE_BASE_BUILD")
+#: The trees the user named (before the e2e fixtures name theirs).
+GIVEN_TREES = {k: os.environ[k] for k in TREE_VARS if os.environ.get(k)}
 
-# filled by the tests, written to RESULTS_PATH at the end of the session
+# filled by the tests, written to the results file at the end of the session
 _RESULTS: dict[str, list] = {"a": [], "b": [], "c": [], "d": [], "d2": []}
 
 
@@ -121,10 +128,13 @@ def runner(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _write_results():
+def _write_results(request):
     yield
     if any(_RESULTS.values()):
-        write_results(RESULTS_PATH)
+        update = request.config.getoption("--update-results")
+        path = Path(os.environ["DCAFORGE_RESULTS"]) if os.environ.get("DCAFORGE_RESULTS") else \
+            COMMITTED_RESULTS if update else BUILD_RESULTS
+        write_results(path, update)
 
 
 # ----------------------------------------------------------------------------- running
@@ -551,17 +561,25 @@ def test_d_quantized_cache_is_exact_dca_over_that_cache(runner, dca_exe, models_
 
 # ----------------------------------------------------------------------------- results file
 
-def write_results(path: Path) -> None:
+def _shown(path: str) -> str:
+    """A tree as the results file names it: relative to the repository, else only that it was the user's."""
+    p = Path(path).resolve()
+    return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else "(a tree of the user's)"
+
+
+def write_results(path: Path, update: bool = False) -> None:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    env = {k: os.environ.get(k, "") for k in ("DCAFORGE_LLAMA_TREE", "DCAFORGE_LLAMA_BUILD",
-                                               "DCAFORGE_BASE_TREE", "DCAFORGE_BASE_BUILD")}
     L = []
     L.append("# DCA on tiny random-weight models: measured results\n")
     L.append(f"Written by `tests/e2e/test_models_dca.py` on {now}. Command:\n")
     L.append("```")
-    L.append(" ".join(f"{k}={v}" for k, v in env.items() if v) + f" DCAFORGE_THREADS={THREADS} \\")
-    L.append("  python -m pytest -q tests/e2e/test_models_dca.py")
+    L.append(f"DCAFORGE_THREADS={THREADS} python -m pytest -q tests/e2e/test_models_dca.py" + (" --update-results" if update else ""))
     L.append("```\n")
+    if GIVEN_TREES:
+        L.append("Trees: " + ", ".join(f"{k}={_shown(v)}" for k, v in GIVEN_TREES.items()) + ".\n")
+    else:
+        L.append("Trees: the e2e fixtures' own builds (the shipped feature rendered by `dcaforge apply`, built by "
+                 "`dcaforge build`; the baseline by `dcaforge build --baseline`).\n")
     L.append(f"Models: `python -m dcaforge.gatetools.tiny OUTDIR` (trained context 256, 258-token byte vocabulary). "
              f"DCA: S = {S}, w = {W}, c = {C}; tokens: BOS + {N_LONG - 1} pseudo-random bytes "
              f"(seed {SEED}), ubatch {UB}, {THREADS} threads. Errors are max |a-b| / max |b| per position.\n")

@@ -165,7 +165,7 @@ def test_status_reports_a_tampered_room_and_runs_no_git_there(arena: Arena, kind
     arena.applied()
     _tamper(arena, kind)
     out = arena.run("status", code=0)
-    assert "UNSAFE: .git/config sets" in out.output and "`dcaforge apply` removes them" in out.output
+    assert "UNSAFE: .git/config sets" in out.output and f"`dcaforge apply -c {arena.config_path}` removes them" in out.output
     arena.run("render", "--check", code=1, what="holds settings dcaforge does not allow", next="removes them")
 
 

@@ -22,7 +22,8 @@ from dcaforge.cleanroom import Room
 from dcaforge.confine import path_problem
 from dcaforge.errors import DcaforgeError
 from dcaforge.git import config_problems, status_porcelain
-from dcaforge.series import _load_patch, apply_one, check_series
+from dcaforge.patchfile import load_patch
+from dcaforge.series import apply_one, check_series
 
 from .conftest import Arena, tree_hashes
 
@@ -141,7 +142,7 @@ def _check_one(arena: Arena, data: bytes) -> None:
     patch_file.write_bytes(payload)
     outside = arena.snapshot()
     git_before = _git_state(room)
-    patch = _load_patch(patch_file, patch_file.name)
+    patch = load_patch(patch_file, patch_file.name)
     try:
         check_series([patch])
         fail, _method = apply_one(room, patch)
@@ -199,8 +200,9 @@ def test_fuzzed_plausible_patches_stay_in_the_room(fuzz_room: Arena, data: bytes
 @given(data=st.binary(max_size=400))
 def test_random_bytes_never_crash_the_patch_reader(data: bytes) -> None:
     """The reader itself on arbitrary bytes: a parse, never an exception."""
-    from dcaforge.confine import PatchRef, check_patch_text, parse_patch
+    from dcaforge.confine import PatchRef, check_patch_text
     from dcaforge.errors import SafetyError
+    from dcaforge.patchfile import parse_patch
 
     parsed = parse_patch(data)
     try:

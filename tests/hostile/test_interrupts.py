@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.capture import worktree_tree
+from dcaforge.trees import worktree_tree
 from tests.core.helpers import sh, sigint_default
 
 from .conftest import Arena
@@ -123,9 +123,9 @@ POINTS = [
     ("write:state", 4, signal.SIGTERM, "none", ["apply"]),
     ("write:the file", 2, signal.SIGKILL, "none", ["apply"]),
     ("write:the file", 3, signal.SIGINT, "none", ["apply"]),
-    ("git reset:child", 1, signal.SIGKILL, "pinned", ["apply", "--fresh"]),
-    ("git clean:holding-index-lock", 1, signal.SIGTERM, "pinned", ["apply", "--fresh"]),
-    ("rmtree:before", 1, signal.SIGKILL, "made", ["apply", "--fresh"]),
+    ("git reset:child", 1, signal.SIGKILL, "pinned", ["apply", "--fresh", "--force"]),
+    ("git clean:holding-index-lock", 1, signal.SIGTERM, "pinned", ["apply", "--fresh", "--force"]),
+    ("rmtree:before", 1, signal.SIGKILL, "made", ["apply", "--fresh", "--force"]),
 ]
 
 
@@ -166,7 +166,7 @@ def test_signal_then_the_next_command_gives_the_same_room(arena: Arena, referenc
         arena.write_config(source=f"git: {arena.source}\nref: {arena.base}")
     if before in ("pinned", "made"):
         arena.applied()
-        (arena.room / "hand-made.txt").write_text("dropped by --fresh\n")
+        (arena.room / "hand-made.txt").write_text("dropped by --fresh --force\n")
     mark = arena.tmp / "at-point"
     snap = arena.snapshot()
     env = {**os.environ, "POINT": point, "NTH": str(nth), "MARK": str(mark), "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -1,0 +1,118 @@
+"""What every command shares: the two consoles, the ``-c`` option, and the way an error is told:
+``error:`` what failed, ``where:``, the tool's own words, and ``next:``, a command that works when
+pasted (the ``-c CONFIG`` the user gave is kept, paths are quoted); then the exit code.
+
+The library writes each command it suggests in backquotes (```dcaforge apply --continue```);
+:func:`pasteable` adds the user's ``-c`` to each. Warnings the library logs (what it repaired or
+removed after an interrupted run) are printed on stderr; ``-v`` logs every command it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..config import Config, load_config
+from ..errors import EXIT_INTERRUPTED, DcaforgeError, InterruptedRun
+
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="dcaforge.yaml to use "
+                                                "(default: ./dcaforge.yaml, else the built-in upstream default)")]
+T = TypeVar("T")
+
+#: The commands that take ``-c CONFIG``.
+TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate"})
+_SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
+_HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
+_config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run
+_argv: ContextVar[list[str] | None] = ContextVar("argv", default=None)    # its command line, when run from a shell
+
+
+def run_from(argv: list[str]) -> None:
+    """Record the command line as the user typed it (after ``dcaforge``), for :func:`call`'s generic next step."""
+    _argv.set(list(argv))
+
+
+def pasteable(text: str, config: Path | None = None) -> str:
+    """``text`` with the ``-c`` the user gave added to every ```dcaforge COMMAND ...``` it suggests."""
+    config = config if config is not None else _config.get()
+    if config is None:
+        return text
+
+    def add(m: re.Match[str]) -> str:
+        command, rest = m.group(1), m.group(2)
+        if command not in TAKES_CONFIG or _HAS_CONFIG.search(rest):
+            return m.group(0)
+        return f"`dcaforge {command}{rest} -c {shlex.quote(str(config))}`"
+
+    return _SUGGESTED.sub(add, text)
+
+
+def _again_verbose() -> str:
+    """The command being run, with -v: the generic next step when the library names none."""
+    argv = _argv.get()
+    if argv is None:
+        return "`dcaforge -v` and the same command"
+    return "`" + shlex.join(["dcaforge", *([] if {"-v", "--verbose"} & set(argv) else ["-v"]), *argv]) + "`"
+
+
+def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
+    """``fn()``; a DcaforgeError is told (error, where, details, next) and exits with its code."""
+    try:
+        return fn()
+    except InterruptedRun as exc:
+        err.print(f"[bold yellow]interrupted:[/] {escape(str(exc.message))}", markup=True)
+        err.print(f"  [bold]next:[/] {escape(pasteable(str(exc.hint)))}", markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except DcaforgeError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc.message))}", markup=True)
+        if exc.where:
+            err.print(f"  [dim]where:[/] {escape(str(exc.where))}", markup=True)
+        if exc.details:
+            for line in exc.details.rstrip().splitlines():
+                err.print(f"    {line}", markup=False)
+        hint = exc.hint or f"run it again with -v to see every git/patch command it runs: {_again_verbose()}"
+        err.print(f"  [bold]next:[/] {escape(pasteable(str(hint)))}", markup=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
+                  "command again"), markup=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def load(path: Path | None) -> Config:
+    """The config (``-c``, else ./dcaforge.yaml, else the built-in default), or the error told; the
+    ``-c`` given is kept for the commands that messages suggest."""
+    _config.set(path)
+    return call(lambda: load_config(path))
+
+
+class _Warnings(logging.Handler):
+    """dcaforge's warnings (what it repaired or removed after an interrupted run) on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]warning:[/] {escape(record.getMessage())}", markup=True)
+
+
+def setup_logging(verbose: bool) -> None:
+    """Warnings always; with ``-v``, every command run (the library logs to the ``dcaforge`` logger)."""
+    logger = logging.getLogger("dcaforge")
+    for h in [h for h in logger.handlers if isinstance(h, _Warnings)]:
+        logger.removeHandler(h)
+    logger.addHandler(_Warnings(level=logging.WARNING))
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)

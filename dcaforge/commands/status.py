@@ -1,0 +1,46 @@
+"""``dcaforge status``: where the clean room stands, as lines or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ..status import status as do_status
+from .common import ConfigOpt, call, load, out, pasteable
+
+
+def status(
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Source, series progress, baseline, render and patch freshness."""
+    cfg = load(config)
+    res = call(lambda: do_status(cfg))
+    if as_json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, sort_keys=True) + "\n")
+        return
+    rows: list[tuple[str, Any]] = [
+        ("config", res.config), ("source", res.source), ("clean room", res.room + ("" if res.room_exists else " (none)")),
+        ("base", res.base_commit or "-"), ("phase", res.phase or "-"), ("series", f"{res.series_applied}/{res.series_total} applied"
+                                      + (" (series changed since apply)" if res.series_changed else "")),
+        ("baseline", res.baseline or "-"),
+        ("rendered", ("yes" if res.rendered else "no") + (" (templates changed since)" if res.templates_changed else "")
+         + (f" (the last render stopped: {res.render_error})" if res.render_error else "")),
+        ("hand edits", ", ".join(res.dirty) or "none"),
+        ("patch", f"{res.patch} ({res.patch_state})"),
+    ]
+    if res.failed:
+        rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
+    if res.source_uncommitted:
+        rows.append(("source wip", ", ".join(res.source_uncommitted)))
+    if res.source_submodules_wip:
+        rows.append(("submodule wip", ", ".join(res.source_submodules_wip) + " (uncommitted files inside; "
+                     "--include-wip copies them)"))
+    if res.unsafe_config:
+        rows.append(("room config", "UNSAFE: .git/config sets " + ", ".join(res.unsafe_config)
+                     + pasteable(" (could run commands); `dcaforge apply` removes them")))
+    for k, v in rows:
+        out.print(f"{k:<11} {v}", markup=False)
