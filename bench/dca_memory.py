@@ -50,6 +50,15 @@ def measure(exe: str, model: str, n_ctx: int, ub: int, fa: bool, dca: bool) -> d
     return {"bufs": bufs, "nodes": nodes.group(3).strip() if nodes else "?", "cmd": cmd}
 
 
+def _placeholders(args: list[str]) -> list[str]:
+    """The command line with the temporary model and output paths as MODEL and OUT."""
+    out = list(args)
+    for flag, name in (("-m", "MODEL"), ("-o", "OUT")):
+        if flag in out:
+            out[out.index(flag) + 1] = name
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/dca_memory.py")
     ap.add_argument("tree")
@@ -81,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `python bench/dca_memory.py TREE BUILD --n-ctx {a.n_ctx} --n-ctx-nofa {a.n_ctx_nofa} --ubatch {a.ubatch} "
         f"--arch {' '.join(a.arch)}`",
-        f"(per run: `dca_logits {' '.join(rows[0][3][True]['cmd'][1:])}`, with "
+        f"(per run: `dca_logits {' '.join(_placeholders(rows[0][3][True]['cmd'][1:]))}`, with "
         "`-m` a tiny model of tests/models/tiny.py, trained context 256; without `--dca ...` for plain).",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores. Figures: the scheduler's \"compute buffer size\" lines "
         "at context creation (the reserve graphs of a full cache: they size the buffers for every later ubatch), "

@@ -1,4 +1,5 @@
-"""Compile tests/cpp/dca_logits.cpp against a llama.cpp tree and its cmake build dir.
+"""Compile tests/cpp/dca_logits.cpp (or another driver there: dca_embd.cpp) against a llama.cpp tree and its cmake
+build dir.
 
 The program links llama.cpp's static libraries (BUILD_SHARED_LIBS=OFF): libllama.a and the
 libggml*.a found under the build dir. The binary is cached under
