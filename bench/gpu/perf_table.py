@@ -1,7 +1,7 @@
 """The ratio table of bench/gpu/perf.sh: llama-batched-bench logs of plain and DCA variants, DCA / plain.
 
 Logs are named ``speed-<setup>-<variant>-<round>.log`` (setup e.g. ``1seq``, ``4seq``, ``4seq-kvu``; variant
-``plain``, ``dca``, ``dca1``, ``dca0``, ``plain-nog``, ``dca-nog``). For every setup, prompt length (PP) and
+``plain``, ``dca``, ``dca-ranges``, ``plain-nog``, ``dca-nog``). For every setup, prompt length (PP) and
 batch (B) the table gives each variant's prompt and generation rates (mean over rounds) and its ratio to plain's
 in the same setup: the ratio of the summed rates of the rounds where both ran, and each round's own ratio.
 
@@ -15,8 +15,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LOG = re.compile(r"^speed-(?P<setup>.+)-(?P<variant>plain(?:-nog)?|dca\d?(?:-nog)?)-(?P<round>\d+)\.log$")
-ORDER = ["plain", "dca", "dca1", "dca0", "plain-nog", "dca-nog"]
+LOG = re.compile(r"^speed-(?P<setup>.+)-(?P<variant>plain(?:-nog)?|dca(?:-ranges)?(?:-nog)?)-(?P<round>\d+)\.log$")
+ORDER = ["plain", "dca", "dca-ranges", "plain-nog", "dca-nog"]
 
 
 def parse_rows(text: str) -> list[dict[str, float]]:

@@ -1,4 +1,5 @@
-"""Compile dca_logits.cpp (package data, next to this module) against a llama.cpp tree and its cmake build dir.
+"""Compile dca_logits.cpp (or another driver next to it: dca_embd.cpp; package data, next to this module) against a
+llama.cpp tree and its cmake build dir.
 
 The program links llama.cpp's static libraries (BUILD_SHARED_LIBS=OFF): libllama.a and the
 libggml*.a found under the build dir. The binary is cached under
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent / "dca_logits.cpp"
+EMBD_SRC = SRC.with_name("dca_embd.cpp")
 
 
 def cache_dir() -> Path:
@@ -63,8 +65,10 @@ def _digest(paths: list[str], extra: list[str]) -> str:
 
 
 def build(tree: str | os.PathLike, build_dir: str | os.PathLike, dca: bool | None = None,
-          cxx: str | None = None) -> str:
-    """Compile (or reuse) dca_logits for tree/build_dir; dca None = detect from llama.h."""
+          cxx: str | None = None, src: str | os.PathLike = SRC) -> str:
+    """Compile (or reuse) dca_logits (or another driver, src: EMBD_SRC) for tree/build_dir; dca None = detect from
+    llama.h."""
+    src = Path(src)
     tree, build_dir = Path(tree).resolve(), Path(build_dir).resolve()
     if dca is None:
         dca = tree_has_dca(tree)
@@ -74,18 +78,18 @@ def build(tree: str | os.PathLike, build_dir: str | os.PathLike, dca: bool | Non
     if dca:
         flags.append("-DDCA")
     headers = [str(tree / "include" / "llama.h"), str(tree / "ggml" / "include" / "ggml.h")]
-    key = _digest([str(SRC), *headers, *libs], [cxx, *flags])
+    key = _digest([str(src), *headers, *libs], [cxx, *flags])
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    exe = out_dir / f"dca_logits-{'dca' if dca else 'plain'}-{key}"
+    exe = out_dir / f"{src.stem}-{'dca' if dca else 'plain'}-{key}"
     if exe.exists():
         return str(exe)
     tmp = out_dir / f".{exe.name}.{os.getpid()}"
-    cmd = [cxx, *flags, str(SRC), "-o", str(tmp),
+    cmd = [cxx, *flags, str(src), "-o", str(tmp),
            "-Wl,--start-group", *libs, "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if r.returncode != 0:
-        raise RuntimeError("compiling dca_logits failed:\n" + " ".join(cmd) + "\n" + r.stderr[-4000:])
+        raise RuntimeError(f"compiling {src.name} failed:\n" + " ".join(cmd) + "\n" + r.stderr[-4000:])
     os.replace(tmp, exe)
     return str(exe)
 

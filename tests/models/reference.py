@@ -13,6 +13,13 @@ shared-KV layers) and DCA from ../../shared/reference/dca.md's table, not from t
 
 DCA applies to every layer of qwen2/qwen3/qwen3moe/llama and to the global (non-sliding)
 layers of gemma3/gemma4. Single sequence, positions 0..n-1.
+
+Input embeddings (`embd`): a span of positions takes given vectors instead of token embeddings (no
+gemma sqrt(E) scale, as llama.cpp does for raw embeddings) and, when non-causal, its positions see
+each other both ways (as a non-causal ubatch of image embeddings does), on every layer (gemma4: only
+on its sliding layers, its dense layers stay causal). A key after the query in that span takes, under
+DCA, the rule of llama-dca-impl.h: same chunk  q at p_i mod c (the true distance); later chunk  q at
+(p_i mod c) - c.
 """
 
 from __future__ import annotations
@@ -75,14 +82,15 @@ def _softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def dca_regimes(n: int, S: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For positions 0..n-1: (regime [n, n] with 0 intra / 1 succ / 2 inter / -1 future,
-    the three query positions [3, n], the key positions [n])."""
+    """For positions 0..n-1: (regime [n, n] with 0 intra / 1 succ / 2 inter for a key at or before the
+    query; for a key after it (attended only in a non-causal span) 0 in the query's chunk, 3 in a later
+    one), the four query positions [4, n] (intra, succ, inter, next), the key positions [n])."""
     c = S - W
     p = np.arange(n)
     ni, nj = (p // c)[:, None], (p // c)[None, :]
     reg = np.where(nj == ni, 0, np.where(nj == ni - 1, 1, 2))
-    reg = np.where(p[None, :] <= p[:, None], reg, -1)
-    qpos = np.stack([p % c, np.minimum(p % c + c, S), np.full(n, S)])
+    reg = np.where(p[None, :] <= p[:, None], reg, np.where(nj == ni, 0, 3))
+    qpos = np.stack([p % c, np.minimum(p % c + c, S), np.full(n, S), p % c - c])
     return reg, qpos, p % c
 
 
@@ -115,10 +123,13 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
-            cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0) -> np.ndarray:
+            cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0,
+            embd: tuple[int, np.ndarray, bool] | None = None) -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
-    such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling."""
+    such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling;
+    embd = (P, vectors [M, n_embd], non_causal): positions [P, P + M) take the vectors instead of
+    their tokens (see the module's docstring)."""
     spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -135,6 +146,15 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
     if dca is not None:
         reg, qpos_dca, kpos_dca = dca_regimes(n, *dca)
     causal = pos[None, :] <= pos[:, None]
+    span_both = np.zeros((n, n), dtype=bool)   # pairs of the non-causal span (both ways)
+    if embd is not None:
+        e0, vecs, non_causal = embd
+        e1 = e0 + len(vecs)
+        x = x.copy()
+        x[e0:e1] = np.asarray(vecs, dtype=np.float64)
+        if non_causal:
+            in_span = (pos >= e0) & (pos < e1)
+            span_both = in_span[:, None] & in_span[None, :]
 
     n_layer_kv = spec.n_layer - spec.n_shared_kv
     kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -185,7 +205,7 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             k, v = kv[n_layer_kv - (2 if swa else 1)]
 
         if is_dca:
-            qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff, freq_scale) for r in range(3)]
+            qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff, freq_scale) for r in range(4)]
         else:
             qs = [_rope(q, pos, n_rot, base, neox, ff, freq_scale)]
 
@@ -200,6 +220,8 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             qs = [_roundtrip(qq, _q_vec_dot_type(cache_types[0])) for qq in qs]
 
         allowed = causal
+        if arch != "gemma4" or swa:
+            allowed = allowed | span_both
         if swa:
             allowed = allowed & (pos[:, None] - pos[None, :] < spec.n_swa)
 
@@ -208,7 +230,7 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
         for hh in range(H):
             kh, vh = k[:, hh // g, :], v[:, hh // g, :]
             if is_dca:
-                s3 = np.stack([qq[:, hh, :] @ kh.T for qq in qs])        # [3, n, n]
+                s3 = np.stack([qq[:, hh, :] @ kh.T for qq in qs])        # [4, n, n]
                 s = np.take_along_axis(s3, np.maximum(reg, 0)[None], axis=0)[0]
             else:
                 s = qs[0][:, hh, :] @ kh.T
@@ -249,6 +271,19 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
     if spec.softcap:
         logits = spec.softcap * np.tanh(logits / spec.softcap)
     return logits
+
+
+def embd_for(seed: int, n: int, n_embd: int) -> np.ndarray:
+    """The vectors dcaforge/gatetools/dca_embd.cpp generates for --embd-seed/--embd-n: [n, n_embd], uniform in
+    [-1, 1) from a 64-bit LCG (float32 values, as float64)."""
+    mask = (1 << 64) - 1
+    a, b = 6364136223846793005, 1442695040888963407
+    s = seed & mask
+    out = np.empty(n * n_embd, dtype=np.float64)
+    for i in range(n * n_embd):
+        s = (s * a + b) & mask
+        out[i] = np.float32((s >> 40) / 16777216.0 * 2.0 - 1.0)
+    return out.reshape(n, n_embd)
 
 
 def tokens_for(seed: int, n_tokens: int, bos: int = tiny.BOS_ID) -> np.ndarray:
