@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
+#   speed_qwen llamafile_build llamafile_bg wait_llamafile
 #   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -399,6 +400,56 @@ step_speed_smol() {
     true
 }
 
+QWEN=tests/models/longctx-qwen2.gguf   # the project's own trained qwen2 (tests/models/longctx.md: trained L 256), tracked
+QWEN_DCA=(--dca on --dca-chunk-size 192 --dca-local-size 32)   # 3/4 and 1/8 of 256: every layer DCA, qwen2 architecture
+
+step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as speed_smol (no graph check), $ROUNDS rounds
+    local tsv="$OUT/speed-qwen.tsv" common=(-m "$QWEN" -ngl 99 -fa on -b 2048 -ub 512)
+    printf "round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc\n" > "$tsv"; mkdir -p "$OUT/speed-qwen"
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for mode in plain dca; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
+            local log="$OUT/speed-qwen/$mode-1-$round.log"
+            "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1 > "$log" 2>&1
+            local rc=$?
+            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
+            echo "round $round qwen $mode 1 seq rc=$rc"
+        done
+        for mode in plain dca plain-kvu dca-kvu; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
+            [[ $mode == *kvu ]] && extra+=(-kvu)
+            local log="$OUT/speed-qwen/$mode-4-$round.log"
+            "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4 > "$log" 2>&1
+            local rc=$?
+            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t4\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
+            echo "round $round qwen $mode 4 seqs rc=$rc"
+        done
+    done
+    speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen-ratios.txt"
+    cp "$tsv" "$OUT/speed-qwen-ratios.txt" ~/llb/ 2>/dev/null
+    true
+}
+
+step_llamafile_build() { # issue 13: llamafile's GPU library of the rendered llamafile room (bench/gpu/llamafile_cuda_lib.py)
+    [ -f cleanroom/gpu-llamafile/tree.tar.gz ] || { echo "carry cleanroom/gpu-llamafile (llamafile_cuda_lib.py pack)"; return 1; }
+    mkdir -p ~/llb/lf; cp cleanroom/gpu-llamafile/tree.tar.gz ~/llb/lf/
+    PYTHONPATH="$PWD" python3 bench/gpu/llamafile_cuda_lib.py build ~/llb/lf/tree.tar.gz --jobs "${LF_JOBS:-12}"
+}
+
+step_llamafile_bg() { # the same, detached (beside the RULER queues: the GPU serves, the CPU cores compile)
+    detach llamafile ~/llb/lf-out llamafile_build
+    echo "llamafile GPU library build started (log ~/llb/llamafile.log)"
+}
+
+step_wait_llamafile() { # at most $WAIT s for the llamafile library build; its table and results.json come back
+    local t0=$SECONDS
+    while [ ! -f ~/llb/llamafile.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-300}" ]; do sleep 5; done
+    [ -f ~/llb/llamafile.done ] && echo "llamafile build done (rc $(cat ~/llb/llamafile.rc))" || echo "llamafile build still running"
+    tail -40 ~/llb/llamafile.log; cp ~/llb/llamafile.log "$OUT/llamafile-lib.log" 2>/dev/null
+    find ~/llb -name results.json -path '*lf*' -exec cp {} "$OUT/llamafile-results.json" \; 2>/dev/null
+    true
+}
+
 speed_smol_ratios() { # tsv: DCA / plain per round and over the rounds' summed rates, for every (seqs, pp, kv) cell
     awk -F'\t' 'NR > 1 && $9 == 0 {
         base = $2; sub(/^dca/, "plain", base); k = $3 "\t" $4 "\t" base; side = ($2 ~ /^dca/) ? "dca" : "plain"
@@ -468,6 +519,8 @@ step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then 
 step_report() { # the short table: speed ratios, RULER scores per task/length/method, 1M memory and speed
     echo "### all-layer speed, SmolLM2-135M, DCA $SPEED_SMOL_DCA / plain (targets: pp >= 0.9, tg >= 0.95, 4 seqs >= 0.8)"
     cat ~/llb/speed-smol-ratios.txt 2>/dev/null || echo "(no speed_smol results)"
+    echo "### all-layer speed, qwen2 (tests/models/longctx-qwen2.gguf, trained 256), DCA S192 w32 / plain"
+    cat ~/llb/speed-qwen-ratios.txt 2>/dev/null || echo "(no speed_qwen results)"
     local res; res=$(ls ~/llb/ruler-out/ruler-*.json 2>/dev/null)
     if [ -n "$res" ]; then
         echo "### RULER through llama-server (score = fraction of the expected items answered; - = not measured)"
@@ -479,7 +532,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-qwen; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }
