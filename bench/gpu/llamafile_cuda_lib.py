@@ -14,7 +14,8 @@ with exactly its flags (``-c``, in parallel: the script's single nvcc call compi
 the other, hours for ~150 sources), links them with the call's own flags and libraries into the
 script's output, then checks:
 
-- ``nm -D``: the op's host entry ``ggml_cuda_flash_attn_ext_lse`` is defined and exported;
+- ``nm -D``: the ops' host entries ``ggml_cuda_flash_attn_ext_lse`` and ``ggml_cuda_flash_attn_ext_lse_merge`` are
+  defined and exported, and no ``ggml_cuda_*`` symbol is left undefined (a source the script leaves out);
 - ``cuobjdump -lelf``: cubins for sm_86 and sm_90;
 - ``cuobjdump -symbols``: ``flash_attn_combine_results`` with the LSE output parameter
   (``(float const*, float2 const*, float*, int, float*)``), i.e. the kernels write the LSE.
@@ -129,18 +130,25 @@ def build(tarball: Path, jobs: int, output: str, serial: bool) -> int:
             return 1
     seconds = time.monotonic() - t0
     _rc, nm = _run(["nm", "-DC", "--defined-only", str(out)], work)
+    _rc, undef = _run(["nm", "-DC", "--undefined-only", str(out)], work)
+    # ggml's own symbols the library needs and nobody defines (a source left out of the script): the library would
+    # not load (llamafile dlopens it); libggml-base's ggml_* are defined by the host program, ggml_cuda_* must be here
+    missing = sorted(set(re.findall(r" U (ggml_cuda_\w+)", undef)))
     cuobjdump = _tool("cuobjdump")
     _rc, elf = _run([cuobjdump, "-lelf", str(out)], work)
     _rc, syms = _run(["sh", "-c", f"'{cuobjdump}' -symbols '{out}' | c++filt"], work)
     checks = {
         "host entry ggml_cuda_flash_attn_ext_lse exported (nm -D)":
             bool(re.search(r" T ggml_cuda_flash_attn_ext_lse\(", nm)),
+        "host entry ggml_cuda_flash_attn_ext_lse_merge exported (nm -D)":
+            bool(re.search(r" T ggml_cuda_flash_attn_ext_lse_merge\(", nm)),
+        "no ggml_cuda_* symbol left undefined (nm -D --undefined-only)": not missing,
         "cubins for sm_86 and sm_90 (cuobjdump -lelf)": "sm_86" in elf and "sm_90" in elf,
         "combine kernel with the LSE output (cuobjdump -symbols)": bool(COMBINE_LSE.search(syms)),
     }
     res = {"library": str(out), "bytes": out.stat().st_size, "seconds": round(seconds, 1),
            "sources": n_sources, "mode": "script" if serial else f"parallel -j{jobs}", "checks": checks,
-           "lse_symbols": sorted(set(COMBINE_LSE.findall(syms)))[:4]}
+           "lse_symbols": sorted(set(COMBINE_LSE.findall(syms)))[:4], "undefined_ggml_cuda": missing}
     (out.parent / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     print(f"| library | {out.name}, {res['bytes'] / 1e6:.1f} MB, {n_sources} sources, {seconds:.0f} s ({res['mode']}) |")
     for what, ok in checks.items():
