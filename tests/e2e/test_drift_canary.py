@@ -45,7 +45,7 @@ def test_canary_counts_drifted_and_absent_on_an_old_tree() -> None:
     assert drifted >= 3 and absent >= 5 and fit + skipped + drifted + absent == total
     table = p.stdout[p.stdout.index("misfits:"):]
     assert f"misfits: {drifted} drifted, {absent} absent" in table
-    assert re.search(r"(?m)^68\s+include/llama\.h\s+absent\s+`ctx_other` in no file of this tree", table), table
+    assert re.search(r"(?m)^\d+\s+include/llama\.h\s+absent\s+`ctx_other` in no file of this tree", table), table
 
 
 def test_canary_needs_one_tree(tmp_path: Path) -> None:
