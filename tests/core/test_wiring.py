@@ -158,7 +158,8 @@ def test_shipped_templates_wire_explicit_lists_and_leave_globs_alone(tmp_path: P
             "LLAMA_SRCS_CPP += \\\n\tllama.cpp/src/llama-dca.cpp \\\n\tllama.cpp/src/llama-dca-context.cpp\n\n"
             "LLAMA_OBJS :=") in build_mk
     script = p.outputs["llamafile/cuda.sh"][0].decode()
-    assert ("  llama.cpp/ggml/src/ggml-cuda/acc.cu \\\n  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu \\\n"
+    assert ("  llama.cpp/ggml/src/ggml-cuda/acc.cu \\\n  llama.cpp/ggml/src/ggml-cuda/fattn-lse-merge.cu \\\n"
+            "  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu \\\n"
             "  llama.cpp/ggml/src/ggml-cuda/fattn.cu \\\n  llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu") in script
     new = {**NEW, "llama.cpp/src/llama-dca-context.cpp": (b"", 0o644), **p.outputs}
     assert check_wiring(cfg, tree, new).ok
