@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -90,3 +91,21 @@ def test_context_shift_through_rpc(logits_exe, rpc_endpoint, tmp_path):
     x = logits(logits_exe, tmp_path / "rpc.f32", *shift, "--rpc", rpc_endpoint, "-ngl", "99")
     e = float(rel_err(x, cpu).max())
     assert e <= RPC_TOL, e
+
+
+def test_dca_mask_crosses_to_the_device_once_per_graph(logits_exe, rpc_endpoint, tmp_path):
+    """The scheduler copies a graph input to a device once per view it is read through: DCA's mask, read by every call
+    of every layer through its own view, once crossed ~90 times a prompt ubatch (bench/dca-host.md: 450 MiB instead of
+    16 MiB at 16k; on the H200, prompt 0.46x plain at 32k). A layer whose cache is off the host reads one shared
+    contiguous copy (`dca_mask_dev`), so each split takes the mask itself as its only mask input."""
+    env = {**os.environ, "GGML_SCHED_DEBUG": "1"}
+    r = subprocess.run([logits_exe, "-m", str(MODEL), "-o", str(tmp_path / "x.f32"), "--seed", "3", "--n-tokens",
+                        str(N_TOKENS), "-c", "1024", "-b", "256", "-ub", "256", "-t", "2", *DCA, "-fa", "on",
+                        "--rpc", rpc_endpoint, "-ngl", "99", "-v"],
+                       capture_output=True, text=True, timeout=900, check=False, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    splits = [ln for ln in r.stderr.splitlines() if "## SPLIT #" in ln and "RPC" in ln]
+    assert splits, r.stderr[-3000:]  # the scheduler printed its splits (GGML_SCHED_DEBUG)
+    inputs = "\n".join(splits)
+    assert "dca_mask (view)" not in inputs, inputs[:3000]
+    assert "dca_mask" in inputs, inputs[:3000]
