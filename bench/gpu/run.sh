@@ -365,34 +365,41 @@ bb_rows() { # log -> "pp tg b s_pp s_tg" per table row of llama-batched-bench
     awk -F'|' '/^\|[ ]*[0-9]/ {gsub(/ /, ""); print $2, $3, $4, $7, $9}' "$1"
 }
 
+bb_header() { # tsv: the columns bb_cell appends and speed_smol_ratios reads
+    printf "round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc\n" > "$1"
+}
+
+bb_cell() { # tsv log round mode seqs command...: one llama-batched-bench run, its table rows appended to tsv
+    local tsv=$1 log=$2 round=$3 mode=$4 seqs=$5; shift 5
+    "$@" > "$log" 2>&1
+    local rc=$?
+    bb_rows "$log" | while read -r pp tg b spp stg; do
+        printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$seqs" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"
+    done >> "$tsv"
+    echo "round $round $mode $seqs seq(s) rc=$rc"
+}
+
 step_speed_smol() {
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     local tsv="$OUT/speed-smol.tsv"
-    printf "round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc\n" > "$tsv"
+    bb_header "$tsv"
     for round in $(seq 1 "${ROUNDS:-3}"); do
         # 1 sequence at 32k, 64k, 128k; CUDA graphs off too (if plain then falls to DCA's speed, DCA defeats graph reuse)
         for mode in plain dca plain-nographs dca-nographs; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             local env=() npp=32768,65536,131072   # without graphs: 32k and 64k (graphs matter for tg, which is per token)
             [[ $mode == *nographs ]] && env=(GGML_CUDA_DISABLE_GRAPHS=1) && npp=32768,65536
-            local log="$OUT/speed-smol/$mode-1-$round.log"; mkdir -p "$OUT/speed-smol"
-            env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 135168 \
-                -npp "$npp" -ntg 128 -npl 1 > "$log" 2>&1
-            local rc=$?
-            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
-            echo "round $round $mode 1 seq rc=$rc"
+            mkdir -p "$OUT/speed-smol"
+            bb_cell "$tsv" "$OUT/speed-smol/$mode-1-$round.log" "$round" "$mode" 1 \
+                env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 135168 -npp "$npp" -ntg 128 -npl 1
         done
         # 4 sequences of 16k: per-sequence KV (each sequence its own 16.5k) and unified KV (-kvu)
         for mode in plain dca plain-kvu dca-kvu; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             [[ $mode == *kvu ]] && extra+=(-kvu)
-            local log="$OUT/speed-smol/$mode-4-$round.log"
-            "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) \
-                -npp 16384 -ntg 128 -npl 4 > "$log" 2>&1
-            local rc=$?
-            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t4\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
-            echo "round $round $mode 4 seqs rc=$rc"
+            bb_cell "$tsv" "$OUT/speed-smol/$mode-4-$round.log" "$round" "$mode" 4 \
+                "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
         done
     done
     speed_smol_ratios "$tsv" | tee "$OUT/speed-smol-ratios.txt"
@@ -405,24 +412,18 @@ QWEN_DCA=(--dca on --dca-chunk-size 192 --dca-local-size 32)   # 3/4 and 1/8 of 
 
 step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as speed_smol (no graph check), $ROUNDS rounds
     local tsv="$OUT/speed-qwen.tsv" common=(-m "$QWEN" -ngl 99 -fa on -b 2048 -ub 512)
-    printf "round\tmode\tseqs\tpp\ttg\tb\ts_pp\ts_tg\trc\n" > "$tsv"; mkdir -p "$OUT/speed-qwen"
+    bb_header "$tsv"; mkdir -p "$OUT/speed-qwen"
     for round in $(seq 1 "${ROUNDS:-3}"); do
         for mode in plain dca; do
             local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
-            local log="$OUT/speed-qwen/$mode-1-$round.log"
-            "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1 > "$log" 2>&1
-            local rc=$?
-            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
-            echo "round $round qwen $mode 1 seq rc=$rc"
+            bb_cell "$tsv" "$OUT/speed-qwen/$mode-1-$round.log" "$round" "$mode" 1 \
+                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
         done
         for mode in plain dca plain-kvu dca-kvu; do
             local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
             [[ $mode == *kvu ]] && extra+=(-kvu)
-            local log="$OUT/speed-qwen/$mode-4-$round.log"
-            "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4 > "$log" 2>&1
-            local rc=$?
-            bb_rows "$log" | while read -r pp tg b spp stg; do printf "%s\t%s\t4\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$mode" "$pp" "$tg" "$b" "$spp" "$stg" "$rc"; done >> "$tsv"
-            echo "round $round qwen $mode 4 seqs rc=$rc"
+            bb_cell "$tsv" "$OUT/speed-qwen/$mode-4-$round.log" "$round" "$mode" 4 \
+                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
         done
     done
     speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen-ratios.txt"
