@@ -492,15 +492,12 @@ def _user_git(cwd: Path, args: list[str], *extra: str) -> Result:
     return run(["git", *GIT_CONFIG_ARGS, *args, "--no-optional-locks", *extra], cwd, check=False)
 
 
-def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: list[str], depth: int = 0) -> None:
-    args = neutralizing_args(top)
-    res = _user_git(top, args, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=dirty")
-    if not res.ok:
-        raise CommandError(f"git status failed in {top}", where=str(top), details=_tail(res.stderr),
-                           hint=f"check the checkout with `git -C {shlex.quote(str(top))} status`")
-    items = res.stdout.split("\0")
+def porcelain_z(text: str) -> list[tuple[str, str]]:
+    """The (XY status, path) entries of `git status --porcelain=v1 -z` output; a rename's or copy's source path,
+    the entry after it, is skipped."""
+    out: list[tuple[str, str]] = []
+    items = text.split("\0")
     i = 0
-    before = len(changed) + len(deleted)
     while i < len(items):
         entry = items[i]
         i += 1
@@ -508,7 +505,19 @@ def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: l
             continue
         code, rel = entry[:2], entry[3:]
         if code[0] in "RC":
-            i += 1  # skip the source path of a rename
+            i += 1
+        out.append((code, rel))
+    return out
+
+
+def _wip(top: Path, prefix: str, changed: list[str], deleted: list[str], subs: list[str], depth: int = 0) -> None:
+    args = neutralizing_args(top)
+    res = _user_git(top, args, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=dirty")
+    if not res.ok:
+        raise CommandError(f"git status failed in {top}", where=str(top), details=_tail(res.stderr),
+                           hint=f"check the checkout with `git -C {shlex.quote(str(top))} status`")
+    before = len(changed) + len(deleted)
+    for code, rel in porcelain_z(res.stdout):
         if "D" in code and code[0] not in "RC":
             deleted.append(prefix + rel)
         else:

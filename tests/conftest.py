@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dcaforge.git import porcelain_z
+
 REPO = Path(__file__).resolve().parent.parent
 #: Where tests and benchmarks write what they measure (build/ is ignored by git).
 RESULTS = REPO / "build" / "results"
@@ -36,16 +38,7 @@ def checkout_state(repo: Path = REPO) -> dict[str, str] | None:
     if res.returncode != 0:
         return None
     state: dict[str, str] = {}
-    items = res.stdout.decode("utf-8", "surrogateescape").split("\0")
-    i = 0
-    while i < len(items):
-        entry = items[i]
-        i += 1
-        if not entry:
-            continue
-        code, rel = entry[:2], entry[3:]
-        if code[0] in "RC":
-            i += 1  # the source of a rename or copy
+    for code, rel in porcelain_z(res.stdout.decode("utf-8", "surrogateescape")):
         path = repo / rel
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() and not path.is_symlink() else "-"
         state[rel] = f"{code} {digest}"
