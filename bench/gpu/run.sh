@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -185,7 +185,7 @@ dca_cfg() { # name length-ratio
 passkey_one() { # tsv name junk pos ctx_override extra...
     local tsv=$1 name=$2 junk=$3 pos=$4 ovr=$5; shift 5
     local log="$OUT/passkey/$name-$junk-$pos.log"
-    "$BIN/llama-passkey" "${COMMON[@]}" --junk "$junk" --pos "$pos" --override-kv "gemma3.context_length=int:$ovr" "$@" \
+    "$BIN/llama-passkey" "${COMMON[@]}" --junk "$junk" --pos "$pos" --override-kv "${CTX_KEY:-gemma3.context_length}=int:$ovr" "$@" \
         > "$log" 2>"$log.err"
     local rc=$?
     local answer; answer=$(tr '\n' ' ' < "$log" | sed 's/.*The pass key is//' | tr -d '\t' | head -c 40)
@@ -285,14 +285,14 @@ ppl_one() { # name ctx extra...
     local ppl; ppl=$(grep -oE "Final estimate: PPL = [0-9.]+ \+/- [0-9.]+" "$log" | sed 's/Final estimate: PPL = //')
     local first; first=$(grep -oE "\[1\][0-9.]+" "$log" | head -1 | sed 's/^\[1\]//')
     local nch; nch=$(grep -oE "calculating perplexity over [0-9]+ chunks" "$log" | grep -oE "[0-9]+")
-    printf "%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$ctx" "$nch" "$first" "$ppl" "$rc" >> "$OUT/ppl.tsv"
+    printf "%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$ctx" "$nch" "$first" "$ppl" "$rc" >> "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 export -f ppl_one
 
 ppl_text() { # the baseline's text: the first 1.4 MB of llama.cpp's own src/*.cpp, upstream files only
     ls ~/llb/src/src/*.cpp | grep -v llama-dca | xargs cat | head -c 1400000 > ~/llb/text.txt
     mkdir -p "$OUT/ppl"
-    [ -f "$OUT/ppl.tsv" ] || printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/ppl.tsv"
+    [ -f "$OUT/${PPL_TSV:-ppl.tsv}" ] || printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
 # host memory: llama-perplexity keeps the logits of half a window, ctx/2 * 262144 floats (68 GB at 128k), so 8k and
@@ -428,6 +428,62 @@ step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as spee
     done
     speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen-ratios.txt"
     cp "$tsv" "$OUT/speed-qwen-ratios.txt" ~/llb/ 2>/dev/null
+    true
+}
+
+step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 147/147 and 139/139 there)
+    timeout 240 "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -3 "$OUT/test-dca-cuda.log"
+}
+
+# issue 15's "one default": a chunk/local grid on SmolLM2 (L 8192), passkey at 1x/4x/8x and perplexity at 1x/4x/8x,
+# plain and YaRN (factor = length / L) beside each DCA setting; gemma-3-270m's grid is runs 2-4's (RESULTS.md)
+SMOL_GRID=${SMOL_GRID:-"S6w1 S4w1 S4w0.5 S3w0.5 S2w0.25"}
+
+step_grid_smol() {
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    export CTX_KEY=llama.context_length PPL_TSV=grid-smol-ppl.tsv
+    COMMON=("${SMOL_COMMON[@]}")
+    passkey_tsv grid-smol-passkey.tsv
+    : > ~/llb/jobs-grid
+    for k in 0 1 2 3 4 5 6 7 8 9; do   # inside the trained 8192 (~7.3k tokens)
+        echo "passkey_one grid-smol-passkey.tsv plain 300 $(( 300 * (2 * k + 1) / 20 )) 8192" >> ~/llb/jobs-grid
+    done
+    for spec in "1300 40960 4" "2600 73728 8"; do   # ~31k and ~63k tokens
+        set -- $spec; local junk=$1 ovr=$2 f=$3
+        for k in 0 1 2 3 4 5 6 7 8 9; do
+            local pos=$(( junk * (2 * k + 1) / 20 ))
+            echo "passkey_one grid-smol-passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-grid
+            echo "passkey_one grid-smol-passkey.tsv yarn $junk $pos $ovr --rope-scaling yarn --rope-scale $f --yarn-orig-ctx 8192" >> ~/llb/jobs-grid
+            for cfg in $SMOL_GRID; do
+                echo "passkey_one grid-smol-passkey.tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-grid
+            done
+        done
+    done
+    run_jobs ~/llb/jobs-grid
+    summary grid-smol-passkey.tsv | tee "$OUT/grid-smol-passkey-summary.txt"
+    ppl_text
+    : > ~/llb/jobs-grid-ppl
+    for ctx in 8192 32768 65536; do
+        local f=$(( ctx / 8192 ))
+        echo "ppl_one plain $ctx" >> ~/llb/jobs-grid-ppl
+        [ $f -gt 1 ] && echo "ppl_one yarn $ctx --rope-scaling yarn --rope-scale $f --yarn-orig-ctx 8192" >> ~/llb/jobs-grid-ppl
+        for cfg in $SMOL_GRID; do echo "ppl_one dca-$cfg $ctx \$(dca_cfg $cfg $f)" >> ~/llb/jobs-grid-ppl; done
+    done
+    PAR=4 run_jobs ~/llb/jobs-grid-ppl
+    sort -k1,1 -k2,2n "$OUT/grid-smol-ppl.tsv"
+}
+
+step_grid_bg() { # the grid detached (beside the llamafile build: scores do not depend on speed)
+    detach grid ~/llb/grid-out grid_smol
+    echo "SmolLM2 grid started (log ~/llb/grid.log)"
+}
+
+step_wait_grid() { # at most $WAIT s for the grid; its tables come back
+    local t0=$SECONDS
+    while [ ! -f ~/llb/grid.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-300}" ]; do sleep 5; done
+    [ -f ~/llb/grid.done ] && echo "grid done (rc $(cat ~/llb/grid.rc))" || echo "grid still running"
+    tail -60 ~/llb/grid.log
+    cp ~/llb/grid-out/grid-smol-*.tsv ~/llb/grid-out/grid-smol-passkey-summary.txt "$OUT/" 2>/dev/null
     true
 }
 
