@@ -526,7 +526,7 @@ speed_smol_ratios() { # tsv: DCA / plain per round and over the rounds' summed r
     }' "$1" | sort
     # the CUDA-graph check: plain without graphs against plain with them (1 sequence)
     awk -F'\t' 'NR > 1 && $3 == 1 && $9 == 0 && ($2 == "plain" || $2 == "plain-nographs") {tg[$4, $2] += $8; ks[$4] = 1}
-        END {for (k in ks) if (tg[k, "plain"] > 0) printf "graphs check: pp %s plain tg without CUDA graphs / with = %.3f\n", k, tg[k, "plain-nographs"] / tg[k, "plain"]}' "$1" | sort
+        END {for (k in ks) if (tg[k, "plain"] > 0 && tg[k, "plain-nographs"] > 0) printf "graphs check: pp %s plain tg without CUDA graphs / with = %.3f\n", k, tg[k, "plain-nographs"] / tg[k, "plain"]}' "$1" | sort
 }
 
 RULER_GEMMA_DCA=${RULER_GEMMA_DCA:-S4w0.5}   # the setting that retrieved the passkey 10/10 at 69.7k and 134k (runs 3, 4)
