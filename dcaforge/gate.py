@@ -639,12 +639,12 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
                             rec.update({"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "n_filler": sample.n_filler,
                                         "depth": round(sample.depth, 4), "expected": list(sample.expected)})
                             t0 = time.monotonic()
-                            res = srv.completion(toks if send == "tokens" else text, npred)
-                            answer = str(res.get("content", ""))
+                            reply = srv.completion(toks if send == "tokens" else text, npred)
+                            answer = str(reply.get("content", ""))
                             s, all_found = ruler.score(sample.expected, answer)
-                            tm = res.get("timings") or {}
+                            tm = reply.get("timings") or {}
                             rec.update({"score": s, "all": all_found, "answer": answer[:2000], "seconds": round(time.monotonic() - t0, 3),
-                                        "tokens_evaluated": res.get("tokens_evaluated"),
+                                        "tokens_evaluated": reply.get("tokens_evaluated"),
                                         "prompt_per_second": tm.get("prompt_per_second"),
                                         "predicted_per_second": tm.get("predicted_per_second")})
                             step(f"  {task} #{i}: {len(toks)} tokens, score {s:.2f}")
@@ -672,7 +672,7 @@ def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: lis
         for ctx in contexts:
             row: dict[str, Any] = {"task": task, "ctx": ctx}
             toks = [r["prompt_tokens"] for r in records if r["task"] == task and r["ctx"] == ctx and r.get("prompt_tokens")]
-            row["tokens"] = round(_mean(toks)) if toks else None
+            row["tokens"] = round(sum(toks) / len(toks)) if toks else None
             for m in methods:
                 rs = [r for r in records if r["task"] == task and r["ctx"] == ctx and r["method"] == m]
                 scored = [r for r in rs if r["score"] is not None]
@@ -699,9 +699,10 @@ def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: lis
             elif d < float(score_min):
                 ok = False
                 checks.append(f"{task}: DCA {d:.2f} < {float(score_min):g} past {trained}")
-        if margin is not None and d is not None and by.get("yarn") is not None and d < by["yarn"] + float(margin):
+        y = by.get("yarn")
+        if margin is not None and d is not None and y is not None and d < y + float(margin):
             ok = False
-            checks.append(f"{task}: DCA {d:.2f} < YaRN {by['yarn']:.2f} + {float(margin):g} past {trained}")
+            checks.append(f"{task}: DCA {d:.2f} < YaRN {y:.2f} + {float(margin):g} past {trained}")
     parts = []
     for task, by in past.items():
         parts.append(f"{task} " + " / ".join(f"{m} {'-' if v is None else f'{v:.2f}'}" for m, v in by.items()))
