@@ -79,6 +79,8 @@ def test_batched_bench_rows_and_ratios(tmp_path: Path) -> None:
                  f"{rnd}\tdca-nographs\t1\t32768\t128\t1\t{30000 * f}\t{590 * f}\t0",
                  f"{rnd}\tplain-kvu\t4\t16384\t128\t4\t{50000 * f}\t{2000 * f}\t0",
                  f"{rnd}\tdca-kvu\t4\t16384\t128\t4\t{45000 * f}\t{920 * f}\t0"]
+        rows += [f"{rnd}\tplain\t1\t131072\t128\t1\t{20000 * f}\t{350 * f}\t0",   # no run without graphs at 128k
+                 f"{rnd}\tdca\t1\t131072\t128\t1\t{15000 * f}\t{340 * f}\t0"]
     rows.append("3\tdca\t1\t32768\t128\t1\t1\t1\t1")  # a failed run (rc 1) is left out
     tsv = tmp_path / "speed.tsv"
     tsv.write_text("\n".join(rows) + "\n")
@@ -92,6 +94,20 @@ def test_batched_bench_rows_and_ratios(tmp_path: Path) -> None:
     kvu = next(ln for ln in lines if ln.split()[:3] == ["4", "16384", "plain-kvu"])
     assert kvu.split()[3:5] == ["0.900", "0.460"]
     assert "graphs check: pp 32768 plain tg without CUDA graphs / with = 0.800" in lines
+    assert not any(ln.startswith("graphs check: pp 131072") for ln in lines)   # run 6 printed "= 0.000" there
+
+
+RUN6 = ROOT / "bench" / "gpu" / "2026-12-02-run6"
+
+
+def test_grid_tables_of_run6_give_the_figures_quoted() -> None:
+    """RESULTS.md's run-6 grid table is what run.sh's summary makes of the committed passkey rows."""
+    r = run_sh_functions(("summary",), 'OUT="$1"; summary grid-smol-passkey.tsv', str(RUN6))
+    assert r.returncode == 0, r.stderr
+    got = {" ".join(ln.split()[:3]): ln.split()[6] for ln in r.stdout.splitlines()}
+    assert got["dca-S4w1 junk 1300"] == "4/10" and got["dca-S4w1 junk 2600"] == "5/10"
+    assert got["plain junk 300"] == "4/10" and got["yarn junk 1300"] == "3/10" and got["dca-S6w1 junk 1300"] == "2/10"
+    assert (RUN6 / "grid-smol-passkey-summary.txt").read_text().split() == r.stdout.split()
 
 
 def test_ruler_run_table_and_options(tmp_path: Path) -> None:
