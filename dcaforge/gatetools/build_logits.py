@@ -23,6 +23,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent / "dca_logits.cpp"
 EMBD_SRC = SRC.with_name("dca_embd.cpp")
+GATETOOL_H = SRC.with_name("gatetool.h")   # what both drivers include
 
 
 def cache_dir() -> Path:
@@ -78,7 +79,7 @@ def build(tree: str | os.PathLike, build_dir: str | os.PathLike, dca: bool | Non
     if dca:
         flags.append("-DDCA")
     headers = [str(tree / "include" / "llama.h"), str(tree / "ggml" / "include" / "ggml.h")]
-    key = _digest([str(src), *headers, *libs], [cxx, *flags])
+    key = _digest([str(src), str(GATETOOL_H), *headers, *libs], [cxx, *flags])
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     exe = out_dir / f"{src.stem}-{'dca' if dca else 'plain'}-{key}"

@@ -17,6 +17,7 @@
 
 #include "llama.h"
 #include "ggml.h"
+#include "gatetool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,14 +27,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-static bool g_verbose = false;
-
-static void log_cb(enum ggml_log_level level, const char * text, void * /*user*/) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
-        fputs(text, stderr);
-    }
-}
 
 static void usage(const char * argv0) {
     fprintf(stderr,
@@ -45,26 +38,13 @@ static void usage(const char * argv0) {
         "  -b, --n-batch N         tokens per llama_decode call for the text (default 64)\n"
         "  -ub, --n-ubatch N       ubatch size (default 512, >= M)\n"
         "  -fa, --flash-attn on|off (default off)\n"
-        "  -ctk, -ctv TYPE         cache types: f32 f16 q8_0 (default f16)\n"
+        "  -ctk, -ctv TYPE         cache types: f32 f16 bf16 q8_0 q5_1 q5_0 q4_1 q4_0 iq4_nl (default f16)\n"
         "  -t, --threads N         (default 2)\n"
         "  -v                      llama.cpp logs\n"
 #ifdef DCA
         "  --dca on|off  --dca-chunk-size S  --dca-local-size W\n"
 #endif
         , argv0);
-}
-
-static bool parse_onoff(const std::string & s, bool & v) {
-    if (s == "on" || s == "1" || s == "true")   { v = true;  return true; }
-    if (s == "off" || s == "0" || s == "false") { v = false; return true; }
-    return false;
-}
-
-static bool parse_type(const std::string & s, ggml_type & t) {
-    if (s == "f32")  { t = GGML_TYPE_F32;  return true; }
-    if (s == "f16")  { t = GGML_TYPE_F16;  return true; }
-    if (s == "q8_0") { t = GGML_TYPE_Q8_0; return true; }
-    return false;
 }
 
 int main(int argc, char ** argv) {
@@ -142,15 +122,7 @@ int main(int argc, char ** argv) {
     const int n_embd  = llama_model_n_embd(model);
 
     // the tokens of dca_logits (BOS, then LCG bytes) and the embedding values (LCG, uniform in [-1, 1))
-    std::vector<llama_token> tokens;
-    tokens.push_back(llama_vocab_bos(vocab));
-    {
-        uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        for (int i = 1; i < n_tokens; ++i) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            tokens.push_back((llama_token) ((s >> 33) & 0xff));
-        }
-    }
+    const std::vector<llama_token> tokens = lcg_tokens(seed, n_tokens, llama_vocab_bos(vocab));
     std::vector<float> embd((size_t) embd_n * n_embd);
     {
         uint64_t s = embd_seed;

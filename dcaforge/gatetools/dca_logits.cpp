@@ -16,6 +16,7 @@
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "gatetool.h"
 
 #include <cmath>
 #include <cstdint>
@@ -26,14 +27,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-static bool g_verbose = false;
-
-static void log_cb(enum ggml_log_level level, const char * text, void * /*user*/) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
-        fputs(text, stderr);
-    }
-}
 
 static void usage(const char * argv0) {
     fprintf(stderr,
@@ -66,24 +59,6 @@ static void usage(const char * argv0) {
         "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
 #endif
         , argv0);
-}
-
-static bool parse_type(const std::string & s, ggml_type & t) {
-    static const struct { const char * name; ggml_type type; } types[] = {
-        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16},
-        {"q8_0", GGML_TYPE_Q8_0}, {"q5_1", GGML_TYPE_Q5_1}, {"q5_0", GGML_TYPE_Q5_0},
-        {"q4_1", GGML_TYPE_Q4_1}, {"q4_0", GGML_TYPE_Q4_0}, {"iq4_nl", GGML_TYPE_IQ4_NL},
-    };
-    for (const auto & e : types) {
-        if (s == e.name) { t = e.type; return true; }
-    }
-    return false;
-}
-
-static bool parse_onoff(const std::string & s, bool & v) {
-    if (s == "on" || s == "1" || s == "true")   { v = true;  return true; }
-    if (s == "off" || s == "0" || s == "false") { v = false; return true; }
-    return false;
 }
 
 int main(int argc, char ** argv) {
@@ -196,13 +171,7 @@ int main(int argc, char ** argv) {
         while (f >> v) tokens.push_back((llama_token) v);
         if (tokens.empty()) { fprintf(stderr, "error: no tokens in %s\n", tokens_path.c_str()); return 1; }
     } else {
-        // BOS, then bytes from a 64-bit LCG (high bits): same sequence on every platform
-        tokens.push_back(bos >= 0 ? bos : llama_vocab_bos(vocab));
-        uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        for (int i = 1; i < n_tokens; ++i) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            tokens.push_back((llama_token) ((s >> 33) & 0xff));
-        }
+        tokens = lcg_tokens(seed, n_tokens, bos >= 0 ? bos : llama_vocab_bos(vocab));
     }
     if (skip > 0) {
         if (skip >= (int) tokens.size()) { fprintf(stderr, "error: --skip %d >= n_tokens\n", skip); return 1; }
