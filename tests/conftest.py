@@ -47,12 +47,15 @@ MODULE_ROOMS = ("tests/hostile/test_interrupts.py", "tests/hostile/test_fuzz.py"
 def xdist_group(item: pytest.Item) -> str | None:
     """The pytest-xdist group of a test: every tests/e2e module shares the clean room cleanroom/e2e (one
     ``dcaforge apply`` and incremental builds, by session fixtures, some reached only through
-    ``request.getfixturevalue``), so they are one group, "e2e-room", but those of :data:`E2E_OWN_ROOMS`; a
+    ``request.getfixturevalue``), so they are one group, "e2e-room", but those of :data:`E2E_OWN_ROOMS` and
+    test_e2e_drift's tests of the old tree's own room ("e2e-drift"); a
     module of :data:`MODULE_ROOMS` is a group; any other test goes to whichever worker is free."""
     path = Path(str(item.path)).resolve()
     rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
     if rel in MODULE_ROOMS:
         return rel
+    if rel == "tests/e2e/test_e2e_drift.py" and "cleanroom" not in getattr(item, "fixturenames", ()):
+        return "e2e-drift"  # the old tree's room (old_room), beside the upstream one in the workspace
     if rel.startswith("tests/e2e/"):
         return E2E_OWN_ROOMS.get(path.name, "e2e-room")
     return None
