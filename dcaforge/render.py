@@ -10,11 +10,13 @@ closest lines found. :func:`plan` computes what a render writes, writing nothing
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import posixpath
 import re
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,18 +79,40 @@ def anchor_literal(anchor: str) -> str:
 
 
 def closest_lines(text: str, anchor: str, n: int = 3) -> list[str]:
+    """The ``n`` lines of ``text`` most like the anchor's literal text (difflib's ratio, ties to the
+    earlier line), as ``"LINE: text"``; a line whose quick upper bound is below 0.3 is never one."""
+    return list(_closest_lines(text, anchor, n)) if n > 0 else []
+
+
+@functools.lru_cache(maxsize=64)  # render --check and the drift table ask again for the same file and anchor
+def _closest_lines(text: str, anchor: str, n: int) -> tuple[str, ...]:
     literal = anchor_literal(anchor)
-    scored = []
+    la = len(literal)
+    have = Counter(literal)
+    # difflib's quick_ratio for each line, an upper bound of its ratio computed without a SequenceMatcher
+    # (real_quick_ratio, the cheaper bound on lengths alone, first); lines below 0.3 are never candidates
+    candidates: list[tuple[float, int, str, str]] = []
     for i, line in enumerate(text.splitlines(), 1):
         norm = re.sub(r"\s+", " ", line).strip()
         if not norm:
             continue
-        sm = difflib.SequenceMatcher(None, literal, norm, autojunk=False)
-        if sm.real_quick_ratio() < 0.3 or sm.quick_ratio() < 0.3:
+        length = la + len(norm)
+        if 2.0 * min(la, len(norm)) / length < 0.3:
             continue
-        scored.append((sm.ratio(), i, line.rstrip()))
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    return [f"{i}: {line}" for _r, i, line in scored[:n]]
+        bound = 2.0 * sum((have & Counter(norm)).values()) / length
+        if bound >= 0.3:
+            candidates.append((bound, i, norm, line))
+    # the ratio, best bound first, until no bound left can beat the n-th best (ties go to the earlier line)
+    candidates.sort(key=lambda t: (-t[0], t[1]))
+    best: list[tuple[float, int, str]] = []
+    for bound, i, norm, line in candidates:
+        if len(best) == n and bound < best[-1][0]:
+            break
+        r = difflib.SequenceMatcher(None, literal, norm, autojunk=False).ratio()
+        best.append((r, i, line.rstrip()))
+        best.sort(key=lambda t: (-t[0], t[1]))
+        del best[n:]
+    return tuple(f"{i}: {line}" for _r, i, line in best)
 
 
 class TreeFacts:

@@ -6,6 +6,9 @@ hold the same bytes: a test or benchmark that writes a tracked file, or leaves a
 ignored, fails the run, naming the files. Results go to ``build/`` (ignored); committed result
 files are refreshed only on request, with ``--update-results`` (those files are then allowed to
 change). Under pytest-xdist the check runs once, in the controlling process.
+
+The suite runs in two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``); tests that
+share state are one ``xdist_group``, run by one worker in their order (:func:`xdist_group`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-results", action="store_true", default=False,
                      help="write measured results into the committed result files (e.g. tests/models/RESULTS.md) "
                           "instead of build/results/")
+
+
+#: tests/e2e modules that never touch the shared clean room cleanroom/e2e (their rooms are their own, under
+#: pytest's tmp; the sdist cache they read is locked): a group of their own, or none
+E2E_OWN_ROOMS: dict[str, str | None] = {
+    "test_llamafile_build.py": "llamafile",  # module fixtures: the two pinned checkouts
+    "test_llamafile_layout.py": "llamafile",
+    "test_drift_canary.py": None,
+}
+#: modules whose tests share a room made by a module-scoped fixture
+MODULE_ROOMS = ("tests/hostile/test_interrupts.py", "tests/hostile/test_fuzz.py")
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group of a test: every tests/e2e module shares the clean room cleanroom/e2e (one
+    ``dcaforge apply`` and incremental builds, by session fixtures, some reached only through
+    ``request.getfixturevalue``), so they are one group, "e2e-room", but those of :data:`E2E_OWN_ROOMS` and
+    test_e2e_drift's tests of the old tree's own room ("e2e-drift"); a
+    module of :data:`MODULE_ROOMS` is a group; any other test goes to whichever worker is free."""
+    path = Path(str(item.path)).resolve()
+    rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+    if rel in MODULE_ROOMS:
+        return rel
+    if rel == "tests/e2e/test_e2e_drift.py" and "cleanroom" not in getattr(item, "fixturenames", ()):
+        return "e2e-drift"  # the old tree's room (old_room), beside the upstream one in the workspace
+    if rel.startswith("tests/e2e/"):
+        return E2E_OWN_ROOMS.get(path.name, "e2e-room")
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xdist_group(name): run in one pytest-xdist worker with its group")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def checkout_state(repo: Path = REPO) -> dict[str, str] | None:

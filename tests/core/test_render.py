@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dcaforge.drift import check
 from dcaforge.errors import ConfigError, MismatchError
-from dcaforge.render import anchor_literal, render
+from dcaforge.render import anchor_literal, closest_lines, render
 from dcaforge.series import apply
 
 from .conftest import write_feature
@@ -373,3 +377,31 @@ def test_when_errors_name_the_manifest_line(project) -> None:
         render(cfg)
     assert (exc.value.where or "").endswith("manifest.yaml:2 (edits[0].when)")
     assert "tree.has(path), tree.contains(path, text)" in (exc.value.hint or "")
+
+
+def _closest_by_definition(text: str, anchor: str, n: int) -> list[str]:
+    """closest_lines as first written: every line's difflib ratio, sorted (ratio descending, line ascending)."""
+    literal = anchor_literal(anchor)
+    scored = []
+    for i, line in enumerate(text.splitlines(), 1):
+        norm = re.sub(r"\s+", " ", line).strip()
+        if not norm:
+            continue
+        sm = difflib.SequenceMatcher(None, literal, norm, autojunk=False)
+        if sm.real_quick_ratio() < 0.3 or sm.quick_ratio() < 0.3:
+            continue
+        scored.append((sm.ratio(), i, line.rstrip()))
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return [f"{i}: {line}" for _r, i, line in scored[:n]]
+
+
+_CHARS = st.text(alphabet="ab c(){};x_\t", max_size=14)
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines=st.lists(_CHARS, max_size=14), anchor=_CHARS, n=st.integers(1, 5))
+def test_closest_lines_is_the_ratio_ranking_whatever_it_skips(lines: list[str], anchor: str, n: int) -> None:
+    """closest_lines skips lines whose difflib bound cannot beat the n-th best; the answer is still every
+    line's ratio ranked, ties to the earlier line (small alphabets make ties and near-ties common)."""
+    text = "\n".join(lines)
+    assert closest_lines(text, re.escape(anchor), n) == _closest_by_definition(text, re.escape(anchor), n)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from e2e_helpers import WORKSPACE, Tree, _write_config, dcaforge
+from e2e_helpers import WORKSPACE, GateRun, Tree, _write_config, dcaforge
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +34,9 @@ def dca_tree(cleanroom: Path) -> Tree:
 @pytest.fixture(scope="session")
 def base_tree(cleanroom: Path) -> Tree:
     """The baseline (series applied, no feature): `dcaforge build --baseline` builds it in the git
-    worktree <workspace>/upstream-baseline of the baseline tag."""
-    p = dcaforge("build", "--baseline", "--targets", "llama llama-perplexity llama-passkey")
+    worktree <workspace>/upstream-baseline of the baseline tag. Only the library: what uses the baseline
+    (the gates' off-identity, test_models_dca) links dca_logits against it; the tools run from the feature's build."""
+    p = dcaforge("build", "--baseline", "--targets", "llama")
     assert p.returncode == 0, f"dcaforge build --baseline failed:\n{p.stdout}\n{p.stderr[-4000:]}"
     base = WORKSPACE / "upstream-baseline"
     return Tree(base, base / "build")
@@ -65,3 +67,18 @@ def serve_tree(cleanroom: Path) -> Tree:
     for exe in ("llama-server", "ggml-rpc-server"):
         assert tree.bin(exe).exists(), f"{tree.bin(exe)} was not built"
     return tree
+
+
+@pytest.fixture(scope="session")
+def gate_run(e2e_env, tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    """`dcaforge gate` with the e2e config's gates (off-identity, noop-below-chunk, extension, ruler,
+    extension-smoke), run once: test_e2e_build_gate checks the whole run, test_e2e_ruler the ruler gate's
+    rows, samples, figure and server logs (llama-server is built by the gate on first use)."""
+    p = dcaforge("gate")
+    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+    out = WORKSPACE / "upstream-gates"
+    keep = tmp_path_factory.mktemp("gates")
+    for name in ("results.json", "gates.png"):
+        shutil.copy2(out / name, keep / name)
+    shutil.copytree(out / "logs", keep / "logs")
+    return GateRun(p, json.loads((keep / "results.json").read_text()), keep)

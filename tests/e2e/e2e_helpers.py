@@ -31,6 +31,15 @@ class Tree:
         return self.build / "bin" / name
 
 
+@dataclass(frozen=True)
+class GateRun:
+    """One `dcaforge gate` of every configured gate (conftest.gate_run): its process, results.json, and a copy
+    of what it wrote."""
+    proc: subprocess.CompletedProcess
+    results: dict
+    out: Path  # results.json, gates.png and logs/, copied before another test's gate run writes there
+
+
 def run(argv: list[str], cwd: Path | None = None, env: dict | None = None, log: Path | None = None,
         timeout: int = 3600) -> subprocess.CompletedProcess:
     p = subprocess.run(argv, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
@@ -47,6 +56,14 @@ def dcaforge(command: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def _write_config() -> None:
+    """Write :func:`e2e_config` to CONFIG."""
+    import yaml
+
+    WORKSPACE.mkdir(parents=True, exist_ok=True)
+    CONFIG.write_text(yaml.safe_dump(e2e_config(), sort_keys=False))
+
+
+def e2e_config() -> dict:
     """The built-in default (examples/upstream.yaml) with the workspace moved to cleanroom/e2e and
     the build set up as cmake_flags() says (portable, static, tests and tools, ccache), plus a smoke
     run of the extension gate's machinery on a tiny model."""
@@ -76,8 +93,7 @@ def _write_config() -> None:
         "name": "extension-smoke", "kind": "extension", "recipe": "tiny:qwen2",
         "text": str(REPO / "docs" / "workflow.md"), "contexts": [256, 512, 1024],
         "chunk": 192, "local": 32, "ppl_ratio_max": 100.0, "passkey_trials": 1})
-    WORKSPACE.mkdir(parents=True, exist_ok=True)
-    CONFIG.write_text(yaml.safe_dump(data, sort_keys=False))
+    return data
 
 
 def cmake_flags() -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from e2e_helpers import WORKSPACE, dcaforge
+from e2e_helpers import GateRun, dcaforge
 
 TARGETS = "llama test-backend-ops test-dca llama-perplexity llama-passkey"
 
@@ -20,11 +20,8 @@ def test_build_again_rebuilds_nothing(dca_tree):
     assert (dca_tree.build / "bin" / "llama-passkey").is_file()
 
 
-def test_gates_pass_with_table_json_and_plot(e2e_env):
-    p = dcaforge("gate")
-    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
-    out = WORKSPACE / "upstream-gates"
-    res = json.loads((out / "results.json").read_text())
+def test_gates_pass_with_table_json_and_plot(gate_run: GateRun):
+    p, res, out = gate_run.proc, gate_run.results, gate_run.out
     assert res["passed"] is True
     assert {g["name"] for g in res["gates"]} == {"off-identity", "noop-below-chunk", "extension", "ruler", "extension-smoke"}
     off = next(g for g in res["gates"] if g["kind"] == "off-identity")

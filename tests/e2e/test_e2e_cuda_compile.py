@@ -36,24 +36,38 @@ TARGETS = ALL_TARGETS if os.environ.get("DCAFORGE_E2E_CUDA") == "all" else INCLU
 
 def cuda_stubs() -> Path:
     """cuBLAS headers from the PyPI wheel and an empty libcuda, inside the workspace (so ccache keys
-    stay relative); enough for CMake to generate and for nvcc to compile, not to link."""
+    stay relative); enough for CMake to generate and for nvcc to compile, not to link. The llamafile
+    test asks for them too, maybe at the same time from the other pytest-xdist worker: made under a
+    lock, in a folder beside, moved into place whole."""
+    import fcntl
+    import tempfile
+
     root = WORKSPACE / "cuda-stubs"
     if (root / "include" / "cublas_v2.h").exists():
         return root
-    whl_dir = root / "whl"
-    p = run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(whl_dir), CUBLAS])
-    assert p.returncode == 0, f"pip download {CUBLAS} failed:\n{p.stderr[-2000:]}"
-    whl = next(whl_dir.glob("*.whl"))
-    (root / "lib").mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(whl) as z:
-        for name in z.namelist():
-            parts = Path(name).parts
-            if "include" in parts:
-                dest = root / "include" / Path(*parts[parts.index("include") + 1:])
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(z.read(name))
-    for lib in ("libcublas.so", "libcublasLt.so", "libcuda.so"):
-        (root / "lib" / lib).touch()
+    WORKSPACE.mkdir(parents=True, exist_ok=True)
+    with open(WORKSPACE / "cuda-stubs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "include" / "cublas_v2.h").exists():  # the other worker made them while this one waited
+            return root
+        new = Path(tempfile.mkdtemp(prefix="cuda-stubs.", dir=WORKSPACE))
+        whl_dir = new / "whl"
+        p = run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(whl_dir), CUBLAS])
+        assert p.returncode == 0, f"pip download {CUBLAS} failed:\n{p.stderr[-2000:]}"
+        whl = next(whl_dir.glob("*.whl"))
+        (new / "lib").mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                parts = Path(name).parts
+                if "include" in parts:
+                    dest = new / "include" / Path(*parts[parts.index("include") + 1:])
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(z.read(name))
+        for lib in ("libcublas.so", "libcublasLt.so", "libcuda.so"):
+            (new / "lib" / lib).touch()
+        if root.exists():  # a partial folder of an interrupted run
+            shutil.rmtree(root)
+        new.rename(root)
     return root
 
 

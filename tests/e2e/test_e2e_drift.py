@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import REPO, WORKSPACE, dcaforge, run
+from e2e_helpers import REPO, WORKSPACE, dcaforge, e2e_config, run
 
 OLD = os.environ.get("DCAFORGE_E2E_DRIFT_VERSION", "0.3.30")
 NAME = f"drift-{OLD}"
@@ -46,12 +46,15 @@ def _summary(out: str) -> tuple[int, int, int, int]:
 
 
 @pytest.fixture(scope="session")
-def old_room(cleanroom) -> str:
-    """The e2e config (written by the cleanroom fixture) with llama-cpp-python==OLD's sdist as the source."""
-    data = yaml.safe_load((WORKSPACE / "dcaforge.yaml").read_text())
+def old_room() -> str:
+    """The e2e config with llama-cpp-python==OLD's sdist as the source: a room of its own in the workspace (the
+    tests that use it are a pytest-xdist group of their own, tests/conftest.py: they never touch the upstream
+    room)."""
+    data = e2e_config()
     data["name"] = NAME
     data["source"] = {"pypi": f"llama-cpp-python=={OLD}", "subdir": "vendor/llama.cpp"}
     data["gates"] = []
+    WORKSPACE.mkdir(parents=True, exist_ok=True)
     CONFIG.write_text(yaml.safe_dump(data, sort_keys=False))
     p = old_dcaforge("apply", "--no-render", "--trust")  # --trust: pip may download (and prepare) OLD's sdist
     assert p.returncode == 0, f"dcaforge apply failed:\n{p.stdout}\n{p.stderr}"

@@ -11,11 +11,10 @@ for each method, the table, and the figure."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, WORKSPACE, dcaforge
+from e2e_helpers import REPO, GateRun, dcaforge
 
 from dcaforge import ruler
 from dcaforge.server import LlamaServer
@@ -55,12 +54,11 @@ def test_llama_server_round_trip(server_exe: Path, tmp_path: Path) -> None:
     assert "--override-kv qwen2.context_length=int:1024 --host 127.0.0.1 --port" in log.read_text()
 
 
-def test_ruler_gate_plain_yarn_dca(server_exe: Path) -> None:
-    p = dcaforge("gate", "--only", "ruler")
-    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
-    out = WORKSPACE / "upstream-gates"
-    res = json.loads((out / "results.json").read_text())
-    (g,) = res["gates"]
+def test_ruler_gate_plain_yarn_dca(gate_run: GateRun) -> None:
+    """The ruler gate of the session's one `dcaforge gate` run (conftest.gate_run; test_e2e_build_gate checks
+    the other gates of that run)."""
+    p, res, out = gate_run.proc, gate_run.results, gate_run.out
+    (g,) = [g for g in res["gates"] if g["kind"] == "ruler"]
     assert g["kind"] == "ruler" and g["passed"] is True
     m = g["metrics"]
     assert m["trained"] == 256 and m["contexts"] == [256, 1024, 2048] and m["methods"] == ["plain", "yarn", "dca"]
