@@ -20,6 +20,9 @@ STYLE = {"plain": ("plain rope", "#7f7f7f", "o", "--", 9), "yarn": ("YaRN", "#ff
 PANELS = ("passkey", "vt", "niah_single", "niah_multikey", "niah_multivalue", "perplexity")
 TITLES = {"passkey": "passkey", "vt": "variable tracking (vt)", "niah_single": "NIAH single",
           "niah_multikey": "NIAH multi-key", "niah_multivalue": "NIAH multi-value", "perplexity": "perplexity"}
+#: further DCA settings (methods named "dca-<setting>", e.g. a chunk/local grid): colours and markers in turn
+EXTRA_COLORS = ("#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
 MISSING = ("the figure (gates.png) was left out: matplotlib is not installed; "
            "pip install 'dcaforge[plots]' (or matplotlib) to get it")
 
@@ -33,6 +36,22 @@ class _Result(Protocol):
 
 
 Series = dict[str, dict[int, float]]  # method -> context -> value
+
+
+def _methods(r: _Result) -> list[str]:
+    """plain, YaRN, DCA, then the further settings the result names in metrics["methods"]."""
+    extra = [str(m) for m in r.metrics.get("methods", []) if str(m) not in STYLE]
+    return [*STYLE, *extra]
+
+
+def style(method: str, extras: Sequence[str] = ()) -> tuple[str, str, str, str, float]:
+    """(label, colour, marker, line style, marker size) of a method; a further DCA setting "dca-S4w1" is drawn as
+    "DCA S4w1" in the next colour of EXTRA_COLORS (its place in ``extras``)."""
+    if method in STYLE:
+        return STYLE[method]
+    i = list(extras).index(method) if method in extras else 0
+    label = "DCA " + method[4:] if method.startswith("dca-") else method
+    return label, EXTRA_COLORS[i % len(EXTRA_COLORS)], EXTRA_MARKERS[i % len(EXTRA_MARKERS)], "-", 4.5
 
 
 def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], dict[str, int], dict[str, dict[str, set[int]]]]:
@@ -49,20 +68,21 @@ def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], d
         if r.metrics.get("trained"):
             trained[model] = int(r.metrics["trained"])
         panels = data.setdefault(model, {})
+        methods = _methods(r)
         for p in r.points:
             ctx = int(p["ctx"])
             if r.kind == "ruler":
                 if p.get("tokens") is None:
                     nofit.setdefault(model, {}).setdefault(str(p["task"]), set()).add(ctx)
                     panels.setdefault(str(p["task"]), {})
-                for m in STYLE:
+                for m in methods:
                     if p.get(m) is not None:
                         panels.setdefault(str(p["task"]), {}).setdefault(m, {})[ctx] = float(p[m])
             else:
-                if any(f"passkey_{m}" in p for m in STYLE) and all(p.get(f"passkey_{m}") is None for m in STYLE):
+                if any(f"passkey_{m}" in p for m in methods) and all(p.get(f"passkey_{m}") is None for m in methods):
                     nofit.setdefault(model, {}).setdefault("passkey", set()).add(ctx)  # llama-passkey's prompt is longer
                     panels.setdefault("passkey", {})
-                for m in STYLE:
+                for m in methods:
                     if p.get(f"ppl_{m}") is not None:
                         panels.setdefault("perplexity", {}).setdefault(m, {})[ctx] = float(p[f"ppl_{m}"])
                     if p.get(f"passkey_{m}") is not None:
@@ -78,9 +98,11 @@ def _ctx_label(x: int) -> str:
     return str(x)
 
 
-def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None) -> Path | None:
+def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None,
+         title: str | None = None, ppl_max: float | None = None, dpi: int = 72) -> Path | None:
     """Write the figure; None when no gate has points to draw, or matplotlib is missing (``on_step``
-    is told why)."""
+    is told why). ``title`` replaces the gates' own (which ends in PASS or FAIL). ``ppl_max``: a linear
+    perplexity axis up to that value, a point above it drawn at the top edge with its value written."""
     data, trained, nofit = collect(results)
     if not data:
         return None
@@ -100,17 +122,26 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
     fig, axes = plt.subplots(len(models), len(panels), figsize=(3.1 * len(panels), 2.7 * len(models) + 0.5),
                              squeeze=False)
     for row, model in zip(axes, models, strict=True):
+        extras = sorted({m for s in data[model].values() for m in s if m not in STYLE})   # one colour a setting per row
         xs_row = sorted({x for s in data[model].values() for v in s.values() for x in v} | ({trained[model]} if model in trained else set()))
         for ax, panel in zip(row, panels, strict=True):
             series = data[model].get(panel, {})
             misses = sorted(nofit.get(model, {}).get(panel, set()))
             xs_all = sorted({x for s in series.values() for x in s} | set(misses))
-            for m, (label, color, marker, ls, size) in STYLE.items():
+            for m in [*STYLE, *extras]:
                 s = series.get(m)
                 if not s:
                     continue
+                label, color, marker, ls, size = style(m, extras)
                 xs = sorted(s)
-                ax.plot(xs, [s[x] for x in xs], marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
+                ys = [s[x] for x in xs]
+                if panel == "perplexity" and ppl_max is not None:
+                    for x, y in zip(xs, ys, strict=True):
+                        if y > ppl_max:
+                            ax.annotate(f"{y:.4g}", (x, ppl_max), fontsize=6, color=color, ha="center", va="top",
+                                        xytext=(0, -6), textcoords="offset points")
+                    ys = [min(y, ppl_max) for y in ys]
+                ax.plot(xs, ys, marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
             if misses and panel != "perplexity":
                 ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
             ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
@@ -126,7 +157,10 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
             ax.minorticks_off()
             if model in trained:
                 ax.axvline(trained[model], color="grey", lw=0.8, ls=":")
-            if panel == "perplexity":
+            if panel == "perplexity" and ppl_max is not None:
+                lo = min(v for s in series.values() for v in s.values())
+                ax.set_ylim(lo * 0.97, ppl_max * 1.01)
+            elif panel == "perplexity":
                 ax.set_yscale("log")
                 vals = [v for s in series.values() for v in s.values() if v > 0 and math.isfinite(v)]
                 if vals and max(vals) / min(vals) < 10:
@@ -135,9 +169,9 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
                 ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("context (tokens)", fontsize=7)
             ax.legend(fontsize=6, loc="best")
-    fig.suptitle("accuracy and perplexity against context length (dotted: trained length); "
-                 + ("PASS" if all(r.passed for r in results) else "FAIL"), fontsize=9)
+    fig.suptitle(title or ("accuracy and perplexity against context length (dotted: trained length); "
+                           + ("PASS" if all(r.passed for r in results) else "FAIL")), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=72)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

@@ -153,3 +153,41 @@ def test_method_flags() -> None:
     assert method_flags("yarn", 4096, 1024, 768, 128, yarn_factor=8)[3] == "8"
     assert method_flags("dca", 4096, 1024, 768, 128, ["--dca-yarn-factor", "4"]) == [
         "--dca", "on", "--dca-chunk-size", "768", "--dca-local-size", "128", "--dca-yarn-factor", "4"]
+
+
+def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path) -> None:
+    """A chunk/local grid: methods named dca-<setting> beside plain / YaRN / DCA, each its own label and colour, and a
+    capped perplexity axis that writes the values above the cap."""
+    pytest.importorskip("matplotlib")
+    from dcaforge.plot import STYLE, collect, style
+
+    pts = [{"ctx": 256, "ppl_plain": 10.0, "ppl_dca-S4w1": 10.2, "passkey_dca-S4w1": 0.5, "passkey_dca-S2w0.5": 0.0},
+           {"ctx": 1024, "ppl_plain": 400.0, "ppl_dca-S4w1": 11.0, "ppl_dca-S2w0.5": 12.0, "passkey_dca-S4w1": 1.0}]
+    res = [GateResult("grid", "extension", True, "", {"trained": 256, "model": "m", "methods": ["plain", "dca-S2w0.5", "dca-S4w1"]}, pts)]
+    data, _, _ = collect(res)
+    assert data["m"]["passkey"] == {"dca-S4w1": {256: 0.5, 1024: 1.0}, "dca-S2w0.5": {256: 0.0}}
+    assert data["m"]["perplexity"]["dca-S2w0.5"] == {1024: 12.0}
+    extras = ["dca-S2w0.5", "dca-S4w1"]
+    a, b = style("dca-S2w0.5", extras), style("dca-S4w1", extras)
+    assert (a[0], b[0]) == ("DCA S2w0.5", "DCA S4w1") and a[1] != b[1] and a[2] != b[2]
+    assert {a[1], b[1]}.isdisjoint({s[1] for s in STYLE.values()})   # not the colours of plain, YaRN, DCA
+    # a method the result does not name is not drawn (a ruler row's "dca_all" is not a method)
+    assert "dca-S9w1" not in collect([GateResult("g", "extension", True, "", {"model": "m"}, [{"ctx": 1, "ppl_dca-S9w1": 1.0}])])[0].get("m", {}).get("perplexity", {})
+    out = plot(res, tmp_path / "grid.png", title="grid", ppl_max=20.0)
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_grid_figure_reads_the_committed_gpu_results() -> None:
+    """bench/gpu/grid_plot.py: the run-6 figure's points are the committed tables' figures (RESULTS.md quotes them)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+    try:
+        import grid_plot
+    finally:
+        sys.path.pop(0)
+    smol, gemma = grid_plot.figures()
+    by = {p["ctx"]: p for p in smol.points}
+    assert by[32768]["passkey_dca-S4w1"] == 0.4 and by[65536]["passkey_dca-S4w1"] == 0.5 and by[8192]["passkey_plain"] == 0.4
+    assert by[32768]["ppl_dca-S4w1"] == 2.7338 and by[32768]["ppl_yarn"] == 2.93
+    g = {p["ctx"]: p for p in gemma.points}
+    assert g[131072]["passkey_dca-S4w0.5"] == 1.0 and g[131072]["ppl_dca-S8w2"] == 2.9099 and g[131072]["ppl_yarn"] == 2.8627
+    assert "ppl_dca-S6w1.5" not in g[131072] and "dca-S24w4t" not in gemma.metrics["methods"]
