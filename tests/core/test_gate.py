@@ -172,7 +172,8 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path) -
     assert (a[0], b[0]) == ("DCA S2w0.5", "DCA S4w1") and a[1] != b[1] and a[2] != b[2]
     assert {a[1], b[1]}.isdisjoint({s[1] for s in STYLE.values()})   # not the colours of plain, YaRN, DCA
     # a method the result does not name is not drawn (a ruler row's "dca_all" is not a method)
-    assert "dca-S9w1" not in collect([GateResult("g", "extension", True, "", {"model": "m"}, [{"ctx": 1, "ppl_dca-S9w1": 1.0}])])[0].get("m", {}).get("perplexity", {})
+    unnamed = collect([GateResult("g", "extension", True, "", {"model": "m"}, [{"ctx": 1, "ppl_dca-S9w1": 1.0}])])[0]
+    assert "dca-S9w1" not in unnamed.get("m", {}).get("perplexity", {})
     out = plot(res, tmp_path / "grid.png", title="grid", ppl_max=20.0)
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
