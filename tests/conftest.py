@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,33 +45,50 @@ E2E_OWN_ROOMS: dict[str, str | None] = {
 MODULE_ROOMS = ("tests/hostile/test_interrupts.py", "tests/hostile/test_fuzz.py")
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    """The pytest-xdist group of a test: every tests/e2e module shares the clean room cleanroom/e2e (one
-    ``dcaforge apply`` and incremental builds, by session fixtures, some reached only through
+#: test_e2e_drift's tests that use the upstream room (the ``cleanroom`` fixture); the module's others use the old
+#: tree's own room (checked at collection: :func:`pytest_collection_modifyitems`)
+DRIFT_UPSTREAM_TESTS = ("test_anchors_fit_the_default_tree",)
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The pytest-xdist group of a test, from its node id: every tests/e2e module shares the clean room cleanroom/e2e
+    (one ``dcaforge apply`` and incremental builds, by session fixtures, some reached only through
     ``request.getfixturevalue``), so they are one group, "e2e-room", but those of :data:`E2E_OWN_ROOMS` and
-    test_e2e_drift's tests of the old tree's own room ("e2e-drift"); a
-    module of :data:`MODULE_ROOMS` is a group; any other test goes to whichever worker is free."""
-    path = Path(str(item.path)).resolve()
-    rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+    test_e2e_drift's tests of the old tree's own room ("e2e-drift"); a module of :data:`MODULE_ROOMS` is a group;
+    any other test (None) goes to whichever worker is free."""
+    rel, _, rest = nodeid.partition("::")
+    name = rest.split("[", 1)[0]
     if rel in MODULE_ROOMS:
         return rel
-    if rel == "tests/e2e/test_e2e_drift.py" and "cleanroom" not in getattr(item, "fixturenames", ()):
+    if rel == "tests/e2e/test_e2e_drift.py" and name not in DRIFT_UPSTREAM_TESTS:
         return "e2e-drift"  # the old tree's room (old_room), beside the upstream one in the workspace
     if rel.startswith("tests/e2e/"):
-        return E2E_OWN_ROOMS.get(path.name, "e2e-room")
+        return E2E_OWN_ROOMS.get(rel.rsplit("/", 1)[-1], "e2e-room")
     return None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): run in one pytest-xdist worker with its group")
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of :func:`xdist_group`: each group is one unit of work, run by one worker
+    in collection order. (pytest-xdist's own loadgroup reads ``xdist_group`` marks into the node ids, which no longer
+    takes with pytest 9.2: the room's tests were spread over both workers and collided on the room's lock.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RoomScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return RoomScheduling(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test_e2e_drift test that uses the upstream room must be in :data:`DRIFT_UPSTREAM_TESTS` (else it would run
+    beside the room's other users)."""
     for item in items:
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        if "cleanroom" in getattr(item, "fixturenames", ()) and xdist_group(item.nodeid) == "e2e-drift":
+            raise pytest.UsageError(f"{item.nodeid} uses the cleanroom fixture: add its name to DRIFT_UPSTREAM_TESTS "
+                                    "in tests/conftest.py")
 
 
 def checkout_state(repo: Path = REPO) -> dict[str, str] | None:
