@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -404,6 +404,29 @@ step_speed_smol() {
     done
     speed_smol_ratios "$tsv" | tee "$OUT/speed-smol-ratios.txt"
     cp "$tsv" ~/llb/ 2>/dev/null; cp "$OUT/speed-smol-ratios.txt" ~/llb/ 2>/dev/null
+    true
+}
+
+# the decode's kernel choice (issue 15's lead): the stacked decode gives CUDA's FA three query rows, which on Ada and newer
+# takes the MMA kernel where plain's one row takes the vector kernel; LLAMA_DCA_MODE=ranges decodes with three one-row
+# launches and a merge instead. plain / DCA auto (stacked) / DCA ranges, 1 sequence at 32k and 64k, $ROUNDS rounds
+step_speed_modes() {
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    local tsv="$OUT/speed-modes.tsv"
+    bb_header "$tsv"; mkdir -p "$OUT/speed-smol"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for mode in plain dca dca-ranges; do
+            local extra=() env=()
+            [[ $mode == dca* ]] && extra=("${dca[@]}")
+            [ "$mode" = dca-ranges ] && env=(LLAMA_DCA_MODE=ranges)
+            bb_cell "$tsv" "$OUT/speed-smol/modes-$mode-$round.log" "$round" "$mode" 1 \
+                env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
+        done
+    done
+    # DCA auto and DCA ranges, each against plain (speed_smol_ratios pairs dca* rows with plain's)
+    speed_smol_ratios <(awk -F'\t' '$2 != "dca-ranges"' "$tsv") | grep -v "graphs check" | sed 's/^/auto:   /'
+    speed_smol_ratios <(awk -F'\t' '$2 != "dca" {sub(/^dca-ranges$/, "dca", $2); print}' OFS='\t' "$tsv") | grep -v "graphs check" | sed 's/^/ranges: /'
     true
 }
 
