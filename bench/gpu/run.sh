@@ -203,6 +203,29 @@ passkey_tsv() { # tsv: a new table of passkey_one's rows, and the folder for its
 export -f passkey_one dca_cfg
 export OUT BIN
 
+# passkey_one's job lines (stdout), 10 positions each (junk*(2k+1)/20): plain inside the trained length, then for each
+# "junk ctx_override factor" spec plain, YaRN (its flags: {f} stands for the spec's factor) and each DCA setting;
+# BASELINES=0 leaves out plain and YaRN (to add a setting to an earlier run's table)
+passkey_jobs() { # tsv "inside_junk inside_override" yarn_name yarn_flags dca_settings spec...
+    local tsv=$1 inside=$2 yname=$3 yflags=$4 cfgs=$5; shift 5
+    local base=${BASELINES:-1} k junk ovr f cfg
+    read -r junk ovr <<< "$inside"
+    if [ "$base" = 1 ]; then
+        for k in 0 1 2 3 4 5 6 7 8 9; do echo "passkey_one $tsv plain $junk $(( junk * (2 * k + 1) / 20 )) $ovr"; done
+    fi
+    for spec in "$@"; do
+        read -r junk ovr f <<< "$spec"
+        for k in 0 1 2 3 4 5 6 7 8 9; do
+            local pos=$(( junk * (2 * k + 1) / 20 ))
+            if [ "$base" = 1 ]; then
+                echo "passkey_one $tsv plain $junk $pos $ovr"
+                echo "passkey_one $tsv $yname $junk $pos $ovr ${yflags//\{f\}/$f}"
+            fi
+            for cfg in $cfgs; do echo "passkey_one $tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)"; done
+        done
+    done
+}
+
 # runs the lines of a job file, $PAR at a time (one GPU: the runs share it; passkey scores do not depend on speed)
 run_jobs() {
     local jobs=$1 par=${PAR:-4}
@@ -252,25 +275,10 @@ step_passkey_tune() {
 step_passkey() {
     passkey_tsv passkey.tsv
     # $EVAL_CFGS: the DCA settings (default: S24w4, the reference's 3/4 and 1/8 of L, and the tuned one);
-    # BASELINES=0 leaves out plain and YaRN (to add a setting to an earlier run's table)
+    # BASELINES=0 leaves out plain and YaRN (passkey_jobs)
     local cfgs=${EVAL_CFGS:-"S24w4 best"}; cfgs=${cfgs//best/$(best_cfg)}; cfgs=$(echo $cfgs | tr ' ' '\n' | awk '!s[$0]++')
-    : > ~/llb/jobs-eval
-    for k in 0 1 2 3 4 5 6 7 8 9; do   # plain inside the trained range (~16.9k tokens)
-        [ "${BASELINES:-1}" = 1 ] && echo "passkey_one passkey.tsv plain 700 $(( 700 * (2 * k + 1) / 20 )) 32768" >> ~/llb/jobs-eval
-    done
-    for spec in "2900 131072 2.1" "5600 262144 4.1"; do
-        set -- $spec; local junk=$1 ovr=$2 f=$3
-        for k in 0 1 2 3 4 5 6 7 8 9; do
-            local pos=$(( junk * (2 * k + 1) / 20 ))
-            if [ "${BASELINES:-1}" = 1 ]; then
-                echo "passkey_one passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-eval
-                echo "passkey_one passkey.tsv yarn4 $junk $pos $ovr ${YARN[*]}" >> ~/llb/jobs-eval
-            fi
-            for cfg in $cfgs; do
-                echo "passkey_one passkey.tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-eval
-            done
-        done
-    done
+    # plain inside the trained range (~16.9k tokens), then ~70k and ~134k
+    passkey_jobs passkey.tsv "700 32768" yarn4 "${YARN[*]}" "$cfgs" "2900 131072 2.1" "5600 262144 4.1" > ~/llb/jobs-eval
     run_jobs ~/llb/jobs-eval
     summary passkey.tsv
 }
@@ -467,21 +475,9 @@ step_grid_smol() {
     export CTX_KEY=llama.context_length PPL_TSV=grid-smol-ppl.tsv
     COMMON=("${SMOL_COMMON[@]}")
     passkey_tsv grid-smol-passkey.tsv
-    : > ~/llb/jobs-grid
-    for k in 0 1 2 3 4 5 6 7 8 9; do   # inside the trained 8192 (~7.3k tokens)
-        echo "passkey_one grid-smol-passkey.tsv plain 300 $(( 300 * (2 * k + 1) / 20 )) 8192" >> ~/llb/jobs-grid
-    done
-    for spec in "1300 40960 4" "2600 73728 8"; do   # ~31k and ~63k tokens
-        set -- $spec; local junk=$1 ovr=$2 f=$3
-        for k in 0 1 2 3 4 5 6 7 8 9; do
-            local pos=$(( junk * (2 * k + 1) / 20 ))
-            echo "passkey_one grid-smol-passkey.tsv plain $junk $pos $ovr" >> ~/llb/jobs-grid
-            echo "passkey_one grid-smol-passkey.tsv yarn $junk $pos $ovr --rope-scaling yarn --rope-scale $f --yarn-orig-ctx 8192" >> ~/llb/jobs-grid
-            for cfg in $SMOL_GRID; do
-                echo "passkey_one grid-smol-passkey.tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-grid
-            done
-        done
-    done
+    # inside the trained 8192 (~7.3k tokens), then ~31k and ~63k; YaRN's factor = length / L
+    passkey_jobs grid-smol-passkey.tsv "300 8192" yarn "--rope-scaling yarn --rope-scale {f} --yarn-orig-ctx 8192" \
+        "$SMOL_GRID" "1300 40960 4" "2600 73728 8" > ~/llb/jobs-grid
     run_jobs ~/llb/jobs-grid
     summary grid-smol-passkey.tsv | tee "$OUT/grid-smol-passkey-summary.txt"
     ppl_text

@@ -153,3 +153,17 @@ def test_model_pieces_join_once_all_are_there(tmp_path: Path) -> None:
     assert assemble() == "s.gguf: assembled, sha256 ok"
     assert (tmp_path / "model" / "s.gguf").read_bytes() == data and sorted(os.listdir(tmp_path / "model")) == ["s.gguf"]
     assert assemble() == "s.gguf: there"
+
+
+def test_passkey_jobs_lines() -> None:
+    """passkey_jobs (run.sh's passkey and grid_smol): 10 positions inside, then per spec plain, YaRN with the spec's
+    factor for {f}, each DCA setting; BASELINES=0 keeps only the DCA lines."""
+    call = 'passkey_jobs t.tsv "300 8192" yarn "--rope-scale {f} --x" "S4w1 S2w0.25" "1300 40960 4"'
+    lines = run_sh_functions(("passkey_jobs",), call).stdout.splitlines()
+    assert len(lines) == 10 + 10 * 4
+    assert lines[0] == "passkey_one t.tsv plain 300 15 8192" and lines[9] == "passkey_one t.tsv plain 300 285 8192"
+    assert lines[10:14] == ["passkey_one t.tsv plain 1300 65 40960", "passkey_one t.tsv yarn 1300 65 40960 --rope-scale 4 --x",
+                            "passkey_one t.tsv dca-S4w1 1300 65 40960 $(dca_cfg S4w1 4)",
+                            "passkey_one t.tsv dca-S2w0.25 1300 65 40960 $(dca_cfg S2w0.25 4)"]
+    only = run_sh_functions(("passkey_jobs",), "BASELINES=0 " + call).stdout.splitlines()
+    assert len(only) == 20 and all(" dca-" in ln for ln in only)
