@@ -19,26 +19,14 @@ import argparse
 import csv
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcaforge.gate import GateResult
 from dcaforge.plot import plot
 
 HERE = Path(__file__).resolve().parent
 RUN2, RUN3, RUN6 = HERE / "2026-11-30-run2", HERE / "2026-11-30-run3", HERE / "2026-12-02-run6"
-
-
-@dataclass
-class Figure:
-    """What dcaforge.plot reads of a gate's result (kind "extension")."""
-    name: str
-    points: list[dict[str, Any]]
-    metrics: dict[str, Any]
-    kind: str = "extension"
-    passed: bool = True
-    summary: str = ""
-    checks: list[str] = field(default_factory=list)
 
 
 def method(name: str) -> str:
@@ -71,7 +59,8 @@ def perplexity(paths: list[Path]) -> dict[tuple[str, int], float]:
     return out
 
 
-def figure(model: str, trained: int, pk: dict[tuple[str, int], float], ppl: dict[tuple[str, int], float]) -> Figure:
+def figure(model: str, trained: int, pk: dict[tuple[str, int], float], ppl: dict[tuple[str, int], float]) -> GateResult:
+    """One model's points as an extension gate's result, the form dcaforge.plot draws."""
     methods = sorted({m for m, _ in pk} | {m for m, _ in ppl})
     points = []
     for ctx in sorted({c for _, c in pk} | {c for _, c in ppl}):
@@ -82,10 +71,10 @@ def figure(model: str, trained: int, pk: dict[tuple[str, int], float], ppl: dict
             if (m, ctx) in pk:
                 pt[f"passkey_{m}"] = pk[(m, ctx)]
         points.append(pt)
-    return Figure(name=model, points=points, metrics={"model": model, "trained": trained, "methods": methods})
+    return GateResult(model, "extension", True, "", {"model": model, "trained": trained, "methods": methods}, points)
 
 
-def figures() -> list[Figure]:
+def figures() -> list[GateResult]:
     smol = figure("SmolLM2-135M-Instruct Q4_1 (run 6)", 8192,
                   passkey([RUN6 / "grid-smol-passkey.tsv"], {"300": 8192, "1300": 32768, "2600": 65536}),
                   perplexity([RUN6 / "grid-smol-ppl.tsv"]))
