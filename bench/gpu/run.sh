@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -17,6 +17,9 @@
 #   speed_smol  issue 15's all-layer speed: SmolLM2-135M (30 layers, all DCA), llama-batched-bench, DCA vs plain FA in the
 #            same run, $ROUNDS rounds alternating: 1 sequence at 32k/64k/128k, plain and DCA with and without CUDA graphs
 #            (GGML_CUDA_DISABLE_GRAPHS=1); 4 sequences of 16k with per-sequence and with unified KV (-kvu); ratios printed
+#   speed_qwen05  issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (head dim 64,
+#            written on the device on first use), DCA S24576 w4096 vs plain FA, the cells of speed_smol without the graph
+#            check (~140 s for ROUNDS=2, estimated); speed-qwen05.tsv, speed-qwen05-ratios.txt
 #   ruler_bg / wait_ruler  issue 15's RULER gate through llama-server (bench/gpu/ruler_run.py = dcaforge's measure_ruler):
 #            queue 1: vt, niah multi-key and multi-value, plain / YaRN / DCA at 1x 4x 8x of gemma-3-270m (L 32768) and of
 #            SmolLM2 (L 8192, through its chat template); queue 2, beside it on the GPU: gemma-3-270m with DCA at a
@@ -462,6 +465,51 @@ step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as spee
     true
 }
 
+# issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (dcaforge/gatetools/tiny.py
+# shape qwen2-0.5b: n_embd 896, 24 layers, 14 heads, 2 KV heads, head dim 64, n_ff 4864, qkv bias, rope base 1e6,
+# trained 32768; F16 matrices, ~717 MB), written here on first use (~10 s) with the unpacked tree's gguf-py. Speed does
+# not depend on weight values. Its vocabulary is the 258-token byte tokenizer, not Qwen's 151,936 tokens: the real
+# model's output matmul (~136M parameters, per generated token and per prompt token) is missing, so attention is a
+# larger share of the time here than in Qwen2.5-0.5B and DCA's ratios are, if anything, lower (conservative).
+QWEN05=~/model/qwen2-0.5b-shape-f16.gguf
+QWEN05_DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # the model's defaults: 3/4 and 1/8 of 32768
+
+qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: a killed write leaves none)
+    [ -f "$QWEN05" ] && return 0
+    [ -d ~/llb/src/gguf-py ] || { echo "no ~/llb/src/gguf-py: run the build step first (it unpacks the tree)"; return 1; }
+    local t0=$SECONDS
+    PYTHONPATH="$PWD:$HOME/llb/src/gguf-py" python3 -m dcaforge.gatetools.tiny ~/model --shape qwen2-0.5b --dtype f16 \
+        || { echo "writing $QWEN05 failed"; return 1; }
+    echo "qwen2-0.5b shape written: $((SECONDS - t0)) s"
+}
+
+# the cells of speed_qwen at Qwen2.5-0.5B's shape, $ROUNDS rounds alternating plain / DCA: 1 sequence at 32k/64k/128k,
+# 4 sequences of 16k with per-sequence KV and with unified KV (-kvu). Estimate from run 5's SmolLM2 times scaled by the
+# attention work (14 x 64 x 24 layers against 9 x 64 x 30, ~1.25x) and DCA's run-5 prompt ratio (~0.4): per round ~13 s
+# plain + ~31 s DCA for 1 sequence, ~20 s for the four 4-sequence runs, ~6 s of loads: ~70 s a round, ROUNDS=2 ~140 s
+# plus ~10 s for the model on first use (not measured on the GPU: the first run's times replace this estimate)
+step_speed_qwen05() {
+    qwen05_model || return 1
+    local tsv="$OUT/speed-qwen05.tsv" common=(-m "$QWEN05" -ngl 99 -fa on -b 2048 -ub 512)
+    bb_header "$tsv"; mkdir -p "$OUT/speed-qwen05"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for mode in plain dca; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN05_DCA[@]}")
+            bb_cell "$tsv" "$OUT/speed-qwen05/$mode-1-$round.log" "$round" "$mode" 1 \
+                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 131328 -npp 32768,65536,131072 -ntg 128 -npl 1
+        done
+        for mode in plain dca plain-kvu dca-kvu; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN05_DCA[@]}")
+            [[ $mode == *kvu ]] && extra+=(-kvu)
+            bb_cell "$tsv" "$OUT/speed-qwen05/$mode-4-$round.log" "$round" "$mode" 4 \
+                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
+        done
+    done
+    speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen05-ratios.txt"
+    cp "$tsv" "$OUT/speed-qwen05-ratios.txt" ~/llb/ 2>/dev/null
+    true
+}
+
 step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 147/147 and 139/139 there)
     timeout 240 "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -3 "$OUT/test-dca-cuda.log"
 }
@@ -597,6 +645,8 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
     cat ~/llb/speed-smol-ratios.txt 2>/dev/null || echo "(no speed_smol results)"
     echo "### all-layer speed, qwen2 (tests/models/longctx-qwen2.gguf, trained 256), DCA S192 w32 / plain"
     cat ~/llb/speed-qwen-ratios.txt 2>/dev/null || echo "(no speed_qwen results)"
+    echo "### all-layer speed, qwen2 of Qwen2.5-0.5B's shape (random F16 weights, byte vocabulary, trained 32768), DCA S24576 w4096 / plain"
+    cat ~/llb/speed-qwen05-ratios.txt 2>/dev/null || echo "(no speed_qwen05 results)"
     local res; res=$(ls ~/llb/ruler-out/ruler-*.json 2>/dev/null)
     if [ -n "$res" ]; then
         echo "### RULER through llama-server (score = fraction of the expected items answered; - = not measured)"
@@ -608,7 +658,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol speed-qwen; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }

@@ -20,12 +20,21 @@ gemma4, whose shared-KV layout needs four layers). With one layer the K and V of
 on that token only, so a context shift (cells removed and positions moved) must give exactly the
 cache a fresh evaluation at the new positions gives: the K-shift check of the DCA tests.
 
+Named shapes (SHAPES, build_shape): the layer shapes of a real model with random weights, for speed measurements
+(speed does not depend on weight values). "qwen2-0.5b" is Qwen2.5-0.5B's shape: n_embd 896, 24 layers, 14 heads,
+2 KV heads, head dim 64, n_ff 4864, q/k/v biases, rope base 1e6, trained context 32768; 2-D weights F16 by default
+(norms and biases F32). The vocabulary stays the 258-token byte tokenizer, so the model lacks Qwen's 151,936-token
+output matmul: attention is a larger share of the time than in the real model.
+
 CLI: python -m dcaforge.gatetools.tiny OUTDIR [--arch A ...] [--variant normal|zero-global|one-layer] [--seed N]
+     python -m dcaforge.gatetools.tiny OUTDIR --shape qwen2-0.5b [--dtype f16|f32] [--seed N]
+       (writes OUTDIR/qwen2-0.5b-shape-f16.gguf, through a temporary file)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import sys
@@ -87,6 +96,17 @@ class Spec:
     rope_dims_global: int = 0           # gemma4: rotated dims on global layers (rope_freqs)
     qk_norm_scale: float = 1.0          # weight of q/k norms (gemma4 has attention scale 1)
     softcap: float | None = None
+
+
+#: Real models' shapes: arch, Spec fields, trained context. Random weights; only the shapes are the real model's.
+SHAPES: dict[str, dict] = {
+    "qwen2-0.5b": {   # Qwen2.5-0.5B (config.json of Qwen/Qwen2.5-0.5B); tied embeddings there, untied (V = 258) here
+        "arch": "qwen2", "n_ctx_train": 32768,
+        "spec": {"n_embd": 896, "n_layer": 24, "n_head": 14, "n_head_kv": 2, "head_dim": 64, "n_ff": 4864,
+                 "rope_base": 1000000.0, "qkv_bias": True},
+    },
+}
+DTYPES = ("f16", "f32")
 
 
 def spec_for(arch: str) -> Spec:
@@ -157,12 +177,36 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
     kv: more metadata, "{arch}" in a key replaced by the arch (int -> uint32, float -> float32, str)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")
-    spec = spec_for_variant(arch, variant)
-    rng = _Rng(seed, arch)
+    return _write(spec_for_variant(arch, variant), path, f"dcaforge-tiny-{arch}-{variant}", _Rng(seed, arch),
+                  n_ctx_train, kv, zero_global=variant == "zero-global")
+
+
+def build_shape(shape: str, path: str, seed: int = DEFAULT_SEED, dtype: str = "f16",
+                **overrides: int | float | bool) -> str:
+    """Write a random-weight model of the named real model's shape (SHAPES) to `path`; returns path.
+    dtype: of the 2-D weights (norms and biases stay F32); overrides: Spec fields to change (n_layer=1, ...),
+    for a smaller model of the same kind."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    entry = SHAPES[shape]
+    fields = {f.name for f in dataclasses.fields(Spec)} - {"arch"}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown Spec field(s) {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+    spec = Spec(entry["arch"], **{**entry["spec"], **overrides})
+    return _write(spec, path, f"dcaforge-shape-{shape}", _Rng(seed, f"shape-{shape}"), entry["n_ctx_train"],
+                  f16=dtype == "f16")
+
+
+def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
+           kv: dict[str, int | float | str] | None = None, zero_global: bool = False, f16: bool = False) -> str:
+    arch = spec.arch
     E, V, F = spec.n_embd, N_VOCAB, spec.n_ff
 
     w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"dcaforge-tiny-{arch}-{variant}")
+    w.add_name(name)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(E)
     w.add_block_count(spec.n_layer)
@@ -173,7 +217,7 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
     w.add_rope_freq_base(spec.rope_base)
     w.add_key_length(spec.head_dim)
     w.add_value_length(spec.head_dim)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     if arch == "llama":
         w.add_rope_dimension_count(spec.head_dim)
     if arch == "qwen3moe":
@@ -219,8 +263,9 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
     w.add_add_eos_token(False)
 
     def t(name: str, arr: np.ndarray) -> None:
-        # numpy shapes are the reverse of ggml's ne
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+        # numpy shapes are the reverse of ggml's ne; with f16, matrices are F16 (norms, biases: F32)
+        dtype = np.float16 if f16 and arr.ndim >= 2 else np.float32
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=dtype))
 
     emb_std = 1.0 / np.sqrt(E) if arch in SWA_ARCHS else 0.5   # gemma scales embeddings by sqrt(E)
     t("token_embd.weight", rng.normal("token_embd", (V, E), emb_std))
@@ -257,7 +302,7 @@ def build(arch: str, path: str, variant: str = "normal", seed: int = DEFAULT_SEE
             t(p + "attn_k.bias", rng.normal(p + "attn_k.bias", (kv_dim,), 0.1))
             t(p + "attn_v.bias", rng.normal(p + "attn_v.bias", (kv_dim,), 0.1))
         wo = rng.normal(p + "attn_output", (E, q_dim), 1.0 / np.sqrt(q_dim))
-        if variant == "zero-global" and not swa:
+        if zero_global and not swa:
             wo[...] = 0.0
         t(p + "attn_output.weight", wo)
         if spec.qk_norm:
@@ -303,6 +348,10 @@ def ensure(outdir: str, arch: str, variant: str = "normal", seed: int = DEFAULT_
     return path
 
 
+def shape_path(outdir: str, shape: str, dtype: str = "f16") -> str:
+    return os.path.join(outdir, f"{shape}-shape-{dtype}.gguf")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dcaforge.gatetools.tiny", description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
@@ -310,8 +359,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", choices=VARIANTS,
                     help="repeatable; default: normal (zero-global is written for gemma3/gemma4 only)")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--shape", choices=tuple(SHAPES),
+                    help="instead of the tiny models: one model of this real model's shape (random weights)")
+    ap.add_argument("--dtype", choices=DTYPES, default="f16", help="with --shape: type of the 2-D weights")
     a = ap.parse_args(argv)
+    if a.shape and (a.arch or a.variant):
+        ap.error("--shape writes one model of its own: no --arch or --variant with it")
     os.makedirs(a.outdir, exist_ok=True)
+    if a.shape:
+        # through a temporary file: an interrupted write leaves no model behind that looks whole
+        path = shape_path(a.outdir, a.shape, a.dtype)
+        tmp = path + f".tmp{os.getpid()}"
+        try:
+            build_shape(a.shape, tmp, a.seed, a.dtype)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        print(f"{path}  {os.path.getsize(path)} bytes")
+        return 0
     for arch in a.arch or ARCHS:
         for variant in a.variant or ["normal"]:
             if variant == "zero-global" and arch not in SWA_ARCHS:
