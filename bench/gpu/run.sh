@@ -3,6 +3,7 @@
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
 #   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05
+#   grid_gemma grid_gemma_bg wait_grid_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -421,23 +422,44 @@ step_speed_smol() {
 # the decode's kernel choice (issue 15's lead): the stacked decode gives CUDA's FA three query rows, which on Ada and newer
 # takes the MMA kernel where plain's one row takes the vector kernel; LLAMA_DCA_MODE=ranges decodes with three one-row
 # launches and a merge instead. plain / DCA auto (stacked) / DCA ranges, 1 sequence at 32k and 64k, $ROUNDS rounds
-step_speed_modes() {
+# the DCA core's variants, each against plain in the same rounds: dca (the default: succ folded into inter, calls over
+# whole chunks without a mask, a decode's regimes stacked in one launch), dca-nofold (LLAMA_DCA_FOLD=0), dca-nofull
+# (LLAMA_DCA_FULL=0), dca-base (both 0: run 6's core), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at
+# every ubatch, decode included, each a one-row launch that CUDA gives its vector kernel)
+SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofold dca-nofull dca-base dca-ranges"}
+mode_env() { # variant -> its environment
+    case $1 in
+        dca-nofold) echo LLAMA_DCA_FOLD=0 ;;
+        dca-nofull) echo LLAMA_DCA_FULL=0 ;;
+        dca-base)   echo LLAMA_DCA_FOLD=0 LLAMA_DCA_FULL=0 ;;
+        dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
+    esac
+}
+
+step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 x 16k with unified KV for plain, dca, dca-base
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     local tsv="$OUT/speed-modes.tsv"
     bb_header "$tsv"; mkdir -p "$OUT/speed-smol"
     for round in $(seq 1 "${ROUNDS:-2}"); do
-        for mode in plain dca dca-ranges; do
-            local extra=() env=()
-            [[ $mode == dca* ]] && extra=("${dca[@]}")
-            [ "$mode" = dca-ranges ] && env=(LLAMA_DCA_MODE=ranges)
+        for mode in $SPEED_MODES; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             bb_cell "$tsv" "$OUT/speed-smol/modes-$mode-$round.log" "$round" "$mode" 1 \
-                env "${env[@]}" "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
+                env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
+        done
+        for mode in plain dca dca-base; do
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
+            bb_cell "$tsv" "$OUT/speed-smol/modes-kvu-$mode-$round.log" "$round" "$mode" 4 \
+                env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -kvu \
+                -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
         done
     done
-    # DCA auto and DCA ranges, each against plain (speed_smol_ratios pairs dca* rows with plain's)
-    speed_smol_ratios <(awk -F'\t' '$2 != "dca-ranges"' "$tsv") | grep -v "graphs check" | sed 's/^/auto:   /'
-    speed_smol_ratios <(awk -F'\t' '$2 != "dca" {sub(/^dca-ranges$/, "dca", $2); print}' OFS='\t' "$tsv") | grep -v "graphs check" | sed 's/^/ranges: /'
+    # each variant against plain (speed_smol_ratios pairs the rows named dca with plain's)
+    for v in $SPEED_MODES; do
+        [ "$v" = plain ] && continue
+        speed_smol_ratios <(awk -F'\t' -v v="$v" 'NR == 1 || $2 == "plain" || $2 == v {if (NR > 1 && $2 == v) $2 = "dca"; print}' OFS='\t' "$tsv") |
+            grep -v "graphs check" | sed "s/^/$(printf '%-11s' "$v:") /"
+    done | tee "$OUT/speed-modes-ratios.txt"
     true
 }
 
@@ -551,6 +573,39 @@ step_wait_grid() { # at most $WAIT s for the grid; its tables come back
     [ -f ~/llb/grid.done ] && echo "grid done (rc $(cat ~/llb/grid.rc))" || echo "grid still running"
     tail -60 ~/llb/grid.log
     cp ~/llb/grid-out/grid-smol-*.tsv ~/llb/grid-out/grid-smol-passkey-summary.txt "$OUT/" 2>/dev/null
+    true
+}
+
+# issue 15's "one default" on gemma-3-270m (L 32768), run 7: plain at 1x (~31.4k tokens: the model inside its whole
+# trained length, the reading SmolLM2's grid used), the rule that wins on SmolLM2 (chunk L/2, local L/8: S16w4) and
+# S12w3 between it and S8w2, passkey at ~70k and ~134k (10 positions each, as runs 3-6) and perplexity at 32k-128k
+# over run 3's text; S6w1.5's 128k perplexity, which run 6 did not finish. ~5 min (passkey PAR 4, perplexity per ppl_groups)
+GEMMA_GRID=${GEMMA_GRID:-"S16w4 S12w3"}
+
+step_grid_gemma() {
+    [ -f "$MODEL" ] || { echo "no $MODEL: run the model step with the gemma pieces first"; return 1; }
+    export CTX_KEY=gemma3.context_length PPL_TSV=grid-gemma-ppl.tsv
+    passkey_tsv grid-gemma-passkey.tsv
+    {
+        for k in 0 1 2 3 4 5 6 7 8 9; do echo "passkey_one grid-gemma-passkey.tsv plain-1x 1300 $(( 1300 * (2 * k + 1) / 20 )) 32768"; done
+        BASELINES=0 passkey_jobs grid-gemma-passkey.tsv "0 0" yarn4 "" "$GEMMA_GRID" "2900 131072 2.1" "5600 262144 4.1"
+    } > ~/llb/jobs-grid-gemma
+    run_jobs ~/llb/jobs-grid-gemma
+    summary grid-gemma-passkey.tsv | tee "$OUT/grid-gemma-passkey-summary.txt"
+    ppl_text
+    PPL_CFGS="$GEMMA_GRID" ppl_groups
+    ppl_one dca-S6w1.5 131072 $(dca_cfg S6w1.5 4)
+    sort -k1,1 -k2,2n "$OUT/grid-gemma-ppl.tsv"
+}
+
+step_grid_gemma_bg() { detach grid-gemma ~/llb/grid-gemma-out grid_gemma; echo "gemma grid started (log ~/llb/grid-gemma.log)"; }
+
+step_wait_grid_gemma() { # at most $WAIT s for the gemma grid; its tables come back
+    local t0=$SECONDS
+    while [ ! -f ~/llb/grid-gemma.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-300}" ]; do sleep 5; done
+    [ -f ~/llb/grid-gemma.done ] && echo "gemma grid done (rc $(cat ~/llb/grid-gemma.rc))" || echo "gemma grid still running"
+    tail -40 ~/llb/grid-gemma.log
+    cp ~/llb/grid-gemma-out/grid-gemma-*.tsv ~/llb/grid-gemma-out/grid-gemma-passkey-summary.txt "$OUT/" 2>/dev/null
     true
 }
 
