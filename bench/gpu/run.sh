@@ -422,21 +422,22 @@ step_speed_smol() {
 # the decode's kernel choice (issue 15's lead): the stacked decode gives CUDA's FA three query rows, which on Ada and newer
 # takes the MMA kernel where plain's one row takes the vector kernel; LLAMA_DCA_MODE=ranges decodes with three one-row
 # launches and a merge instead. plain / DCA auto (stacked) / DCA ranges, 1 sequence at 32k and 64k, $ROUNDS rounds
-# the DCA core's variants, each against plain in the same rounds: dca (the default: succ folded into inter, calls over
-# whole chunks without a mask, a decode's regimes stacked in one launch), dca-nofold (LLAMA_DCA_FOLD=0), dca-nofull
-# (LLAMA_DCA_FULL=0), dca-base (both 0: run 6's core), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at
-# every ubatch, decode included, each a one-row launch that CUDA gives its vector kernel)
-SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofold dca-nofull dca-base dca-ranges"}
+# the DCA core's variants, each against plain in the same rounds: dca (the default: succ folded into inter, a decode's
+# regimes stacked in one launch), dca-nofold (LLAMA_DCA_FOLD=0: run 6's core), dca-full (LLAMA_DCA_FULL=1: calls over
+# whole chunks without a mask), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at every ubatch, decode
+# included, each a one-row launch that CUDA gives its vector kernel). Run 7 ran this step before the unmasked calls were
+# turned off by default: its "dca" had them on, its "dca-nofull" (LLAMA_DCA_FULL=0) is today's default, its "dca-base"
+# (both off) today's dca-nofold (bench/gpu/RESULTS.md, run 7)
+SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofold dca-full dca-ranges"}
 mode_env() { # variant -> its environment
     case $1 in
         dca-nofold) echo LLAMA_DCA_FOLD=0 ;;
-        dca-nofull) echo LLAMA_DCA_FULL=0 ;;
-        dca-base)   echo LLAMA_DCA_FOLD=0 LLAMA_DCA_FULL=0 ;;
+        dca-full)   echo LLAMA_DCA_FULL=1 ;;
         dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
     esac
 }
 
-step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 x 16k with unified KV for plain, dca, dca-base
+step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 x 16k with unified KV for plain, dca, dca-nofold
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     local tsv="$OUT/speed-modes.tsv"
@@ -447,7 +448,7 @@ step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 
             bb_cell "$tsv" "$OUT/speed-smol/modes-$mode-$round.log" "$round" "$mode" 1 \
                 env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
         done
-        for mode in plain dca dca-base; do
+        for mode in plain dca dca-nofold; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             bb_cell "$tsv" "$OUT/speed-smol/modes-kvu-$mode-$round.log" "$round" "$mode" 4 \
                 env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -kvu \
@@ -642,7 +643,7 @@ speed_smol_ratios() { # tsv: DCA / plain per round and over the rounds' summed r
                 split(r[k, "dca", i], d, " "); split(r[k, "plain", i], p, " ")
                 rounds = rounds sprintf(" %.2f/%.2f", d[1] / p[1], d[2] / p[2])
             }
-            if (pp[k, "plain"] > 0 && tg[k, "plain"] > 0)
+            if (pp[k, "plain"] > 0 && tg[k, "plain"] > 0 && n[k, "dca"] > 0)
                 printf "%-6s %-7s %-16s %-12.3f %-12.3f%s\n", f[1], f[2], f[3], pp[k, "dca"] / pp[k, "plain"], tg[k, "dca"] / tg[k, "plain"], rounds
         }
     }' "$1" | sort
