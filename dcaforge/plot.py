@@ -54,6 +54,17 @@ def style(method: str, extras: Sequence[str] = ()) -> tuple[str, str, str, str, 
     return label, EXTRA_COLORS[i % len(EXTRA_COLORS)], EXTRA_MARKERS[i % len(EXTRA_MARKERS)], "-", 4.5
 
 
+def labels(results: Sequence[_Result]) -> dict[str, dict[str, str]]:
+    """{model: {method: label}} from the results' optional metrics["labels"]: a legend text that replaces the one
+    ``style`` gives (e.g. "DCA S16w4: 1/2, 1/8 of L"); a method not named there keeps its own."""
+    out: dict[str, dict[str, str]] = {}
+    for r in results:
+        if isinstance(r.metrics.get("labels"), dict):
+            model = str(r.metrics.get("model") or r.name)
+            out.setdefault(model, {}).update({str(k): str(v) for k, v in r.metrics["labels"].items()})
+    return out
+
+
 def collect(results: Sequence[_Result]) -> tuple[dict[str, dict[str, Series]], dict[str, int], dict[str, dict[str, set[int]]]]:
     """{model: {panel: {method: {ctx: value}}}} from the extension (perplexity, passkey) and ruler
     (its tasks, passkey included) gates, each model's trained length, and {model: {panel: contexts}}
@@ -99,11 +110,14 @@ def _ctx_label(x: int) -> str:
 
 
 def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None,
-         title: str | None = None, ppl_max: float | None = None, dpi: int = 72) -> Path | None:
+         title: str | None = None, ppl_max: float | None = None, dpi: int = 72, row_legend: bool = False) -> Path | None:
     """Write the figure; None when no gate has points to draw, or matplotlib is missing (``on_step``
     is told why). ``title`` replaces the gates' own (which ends in PASS or FAIL). ``ppl_max``: a linear
-    perplexity axis up to that value, a point above it drawn at the top edge with its value written."""
+    perplexity axis up to that value, a point above it drawn at the top edge with its value written. A result's
+    metrics["labels"] ({method: text}) names its methods in the legend (``labels``). ``row_legend``: one legend per
+    row, right of its last panel, instead of one inside each panel (for many methods with long labels)."""
     data, trained, nofit = collect(results)
+    names = labels(results)
     if not data:
         return None
     try:
@@ -119,20 +133,23 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
     if "passkey" not in panels:  # always shown: an empty one says passkey was not measured
         panels.insert(0, "passkey")
     models = sorted(data)
-    fig, axes = plt.subplots(len(models), len(panels), figsize=(3.1 * len(panels), 2.7 * len(models) + 0.5),
+    fig, axes = plt.subplots(len(models), len(panels),
+                             figsize=(3.1 * len(panels) + (2.4 if row_legend else 0), 2.7 * len(models) + 0.5),
                              squeeze=False)
     for row, model in zip(axes, models, strict=True):
         extras = sorted({m for s in data[model].values() for m in s if m not in STYLE})   # one colour a setting per row
+        handles: dict[str, tuple[int, Any]] = {}   # the row's legend: label -> (place in the drawing order, line)
         xs_row = sorted({x for s in data[model].values() for v in s.values() for x in v} | ({trained[model]} if model in trained else set()))
         for ax, panel in zip(row, panels, strict=True):
             series = data[model].get(panel, {})
             misses = sorted(nofit.get(model, {}).get(panel, set()))
             xs_all = sorted({x for s in series.values() for x in s} | set(misses))
-            for m in [*STYLE, *extras]:
+            for rank, m in enumerate([*STYLE, *extras]):
                 s = series.get(m)
                 if not s:
                     continue
                 label, color, marker, ls, size = style(m, extras)
+                label = names.get(model, {}).get(m, label)
                 xs = sorted(s)
                 ys = [s[x] for x in xs]
                 if panel == "perplexity" and ppl_max is not None:
@@ -141,9 +158,11 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
                             ax.annotate(f"{y:.4g}", (x, ppl_max), fontsize=6, color=color, ha="center", va="top",
                                         xytext=(0, -6), textcoords="offset points")
                     ys = [min(y, ppl_max) for y in ys]
-                ax.plot(xs, ys, marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
+                (line,) = ax.plot(xs, ys, marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
+                handles.setdefault(label, (rank, line))
             if misses and panel != "perplexity":
-                ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
+                dots = ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
+                handles.setdefault("prompt does not fit", (len(STYLE) + len(extras), dots))
             ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
             ax.tick_params(labelsize=7)
             if not xs_all:
@@ -168,7 +187,12 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
             else:
                 ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("context (tokens)", fontsize=7)
-            ax.legend(fontsize=6, loc="best")
+            if not row_legend:
+                ax.legend(fontsize=6, loc="best")
+        if row_legend and handles:   # every method of the row once: plain, YaRN, DCA, the settings
+            order = sorted(handles, key=lambda t: handles[t][0])
+            row[-1].legend([handles[t][1] for t in order], order, fontsize=6.5, loc="center left",
+                           bbox_to_anchor=(1.03, 0.5), frameon=False)
     fig.suptitle(title or ("accuracy and perplexity against context length (dotted: trained length); "
                            + ("PASS" if all(r.passed for r in results) else "FAIL")), fontsize=9)
     fig.tight_layout()

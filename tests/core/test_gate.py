@@ -155,11 +155,11 @@ def test_method_flags() -> None:
         "--dca", "on", "--dca-chunk-size", "768", "--dca-local-size", "128", "--dca-yarn-factor", "4"]
 
 
-def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path) -> None:
+def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk/local grid: methods named dca-<setting> beside plain / YaRN / DCA, each its own label and colour, and a
     capped perplexity axis that writes the values above the cap."""
     pytest.importorskip("matplotlib")
-    from dcaforge.plot import STYLE, collect, style
+    from dcaforge.plot import STYLE, collect, labels, style
 
     pts = [{"ctx": 256, "ppl_plain": 10.0, "ppl_dca-S4w1": 10.2, "passkey_dca-S4w1": 0.5, "passkey_dca-S2w0.5": 0.0},
            {"ctx": 1024, "ppl_plain": 400.0, "ppl_dca-S4w1": 11.0, "ppl_dca-S2w0.5": 12.0, "passkey_dca-S4w1": 1.0}]
@@ -176,10 +176,22 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path) -
     assert "dca-S9w1" not in unnamed.get("m", {}).get("perplexity", {})
     out = plot(res, tmp_path / "grid.png", title="grid", ppl_max=20.0)
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a result's metrics["labels"] names its methods in the legend; others keep style's; one legend per row
+    named = [GateResult("grid", "extension", True, "", {**res[0].metrics, "labels": {"dca-S4w1": "DCA S4w1: 1/2, 1/8 of L"}}, pts)]
+    assert labels(named) == {"m": {"dca-S4w1": "DCA S4w1: 1/2, 1/8 of L"}} and labels(res) == {}
+    import matplotlib.pyplot as plt
+    seen: list[list[str]] = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: seen.extend(
+        [t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes if ax.get_legend()))
+    plot(named, tmp_path / "named.png", row_legend=True)
+    assert seen == [["plain rope", "DCA S2w0.5", "DCA S4w1: 1/2, 1/8 of L"]]   # the row's last panel only
 
 
-def test_grid_figure_reads_the_committed_gpu_results() -> None:
-    """bench/gpu/grid_plot.py: the run-6 figure's points are the committed tables' figures (RESULTS.md quotes them)."""
+def test_grid_figure_reads_the_committed_gpu_results(tmp_path: Path) -> None:
+    """bench/gpu/grid_plot.py: run 7's figure (and run 6's, --run 6) are the committed tables' figures (RESULTS.md
+    quotes them); gemma's plain point at 32k is run 7's 31.3k prompt (0/10), not run 3's 16.9k (6/10), and the DCA
+    settings are labelled as fractions of the trained length."""
+    pytest.importorskip("matplotlib")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "gpu"))
     try:
         import grid_plot
@@ -189,6 +201,22 @@ def test_grid_figure_reads_the_committed_gpu_results() -> None:
     by = {p["ctx"]: p for p in smol.points}
     assert by[32768]["passkey_dca-S4w1"] == 0.4 and by[65536]["passkey_dca-S4w1"] == 0.5 and by[8192]["passkey_plain"] == 0.4
     assert by[32768]["ppl_dca-S4w1"] == 2.7338 and by[32768]["ppl_yarn"] == 2.93
+    assert smol.metrics["labels"]["dca-S4w1"] == "DCA S4w1: 1/2, 1/8 of L"
     g = {p["ctx"]: p for p in gemma.points}
     assert g[131072]["passkey_dca-S4w0.5"] == 1.0 and g[131072]["ppl_dca-S8w2"] == 2.9099 and g[131072]["ppl_yarn"] == 2.8627
-    assert "ppl_dca-S6w1.5" not in g[131072] and "dca-S24w4t" not in gemma.metrics["methods"]
+    assert "dca-S24w4t" not in gemma.metrics["methods"]
+    # run 7: S16w4 and S12w3 (passkey 2/10, 0/10 and 1/10, 2/10), S6w1.5 at 128k, plain over its whole window
+    assert (g[65536]["passkey_dca-S16w4"], g[131072]["passkey_dca-S16w4"]) == (0.2, 0.0)
+    assert (g[65536]["passkey_dca-S12w3"], g[131072]["passkey_dca-S12w3"]) == (0.1, 0.2)
+    assert [g[c]["ppl_dca-S16w4"] for c in (32768, 65536, 131072)] == [2.6813, 2.6468, 2.8159]
+    assert g[131072]["ppl_dca-S12w3"] == 2.8444 and g[131072]["ppl_dca-S6w1.5"] == 2.9759
+    assert g[32768]["passkey_plain"] == 0.0 and g[65536]["passkey_plain"] == 0.0
+    assert gemma.metrics["labels"]["dca-S16w4"] == "DCA S16w4: 1/2, 1/8 of L"
+    assert gemma.metrics["labels"]["dca-S6w1.5"] == "DCA S6w1.5: 3/16, 3/64 of L" and "plain" not in gemma.metrics["labels"]
+    # run 6's figure as it was: run 3's 16.9k plain passkey at 32k, nothing of run 7
+    g6 = {p["ctx"]: p for p in grid_plot.figures(6)[1].points}
+    assert g6[32768]["passkey_plain"] == 0.6 and "ppl_dca-S6w1.5" not in g6[131072] and "ppl_dca-S16w4" not in g6[65536]
+    with pytest.raises(ValueError, match="run 5"):
+        grid_plot.figures(5)
+    assert grid_plot.main(["--png", str(tmp_path / "grid.png")]) == 0
+    assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
