@@ -5,7 +5,8 @@ patched build's llama-perplexity on the committed held-out text (tests/models/lo
 stdlib files the model never trained on).
 
 The same tokens (the first N_TOKENS of the text) are scored at the trained context (-c 256) and at
-8x (-c 2048), plain rope and DCA with the defaults S = 3L/4 = 192, w = L/8 = 32.
+8x (-c 2048), plain rope and DCA with S = 3L/4 = 192, w = L/8 = 32 (given as flags: ChunkLlama's sizes, the automatic
+ones before issue 15 chose L/2).
 Asserted (measured values in tests/models/longctx.md):
   DCA at 8x  <= DCA_MAX_RATIO   x the plain perplexity at the trained context;
   plain at 8x >= PLAIN_MIN_RATIO x the plain perplexity at the trained context.
