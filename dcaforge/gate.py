@@ -501,7 +501,7 @@ def method_flags(method: str, ctx: int, trained: int, chunk: int, local: int, dc
                  yarn_factor: float = 0.0) -> list[str]:
     """The llama.cpp options of a method at a context: plain rope (none); YaRN with the factor
     ``ctx / trained`` (or ``yarn_factor``) and the trained length as its original context; DCA with
-    the chunk size and local window (0 lets llama.cpp take 3/4 and 1/8 of the trained length)."""
+    the chunk size and local window (0 lets llama.cpp take 1/2 and 1/8 of the trained length)."""
     if method == "plain":
         return []
     if method == "yarn":
@@ -555,7 +555,7 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
     if samples < 1:
         raise GateError(f"gate {g.name!r}: 'samples:' must be at least 1", where=g.where)
     threads, n_predict = int(_opt(g, "threads")), int(_opt(g, "n_predict"))
-    chunk = int(_opt(g, "chunk")) or 3 * trained // 4  # explicit: past L the server runs with an overridden trained length
+    chunk = int(_opt(g, "chunk")) or trained // 2  # explicit: past L the server runs with an overridden trained length
     local = int(_opt(g, "local")) or trained // 8
     fewshot, chat, send = bool(_opt(g, "fewshot")), bool(_opt(g, "chat")), str(_opt(g, "send"))
     if send not in ("tokens", "text"):

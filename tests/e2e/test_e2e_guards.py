@@ -9,7 +9,7 @@
   `.local_size`, `.original_context_length`, from HF's dual_chunk_attention_config) gets them as the
   defaults (the logits equal the same sizes given as flags), and its original context bounds S;
 - a trained context of ~1M gets Qwen2.5-1M's chunk 262144 / local 8192 as the automatic sizes
-  instead of 3/4 and 1/8 of 1M; with the Qwen2.5-1M keys, L is its original 262144;
+  instead of 1/2 and 1/8 of 1M, one of 400000 gets 1/2 and 1/8 of it (200000 / 50000); with the Qwen2.5-1M keys, L is its original 262144;
 - when the trained context covers the context (automatic sizes, n_ctx_seq <= L), DCA logs that it is
   a no-op and the logits are byte-identical to --dca off;
 - rope scaling declared by the GGUF composes with DCA (the documented choice, llama-dca-context.h):
@@ -128,6 +128,10 @@ def test_million_token_model_gets_a_meaningful_auto_chunk(exe, models, tmp_path)
     assert "DCA is a no-op: the trained context (1048576" in r.stderr
     _, off = run(exe, m, tmp_path / "off.f32", "--dca", "off")
     assert np.array_equal(on, off)
+    # below twice the cap, 1/2 and 1/8 of L: 400000 (past the 349525 where 3/4 of L used to reach the cap)
+    r, _ = run(exe, gguf_model(models, "qwen2-400k", n_ctx_train=400000), tmp_path / "k.f32", "--dca", "on", n_tokens=8)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "S = 200000, w = 50000" in r.stderr and "1/2 and 1/8 of the trained context" in r.stderr, r.stderr[-3000:]
     # Qwen2.5-1M's own settings: context 1010000, DCA keys chunk 262144 / local 8192 / original 262144
     q = gguf_model(models, "qwen2-qwen1m-keys", n_ctx_train=1010000, kv={
         "{arch}.attention.dual_chunk.chunk_size": 262144, "{arch}.attention.dual_chunk.local_size": 8192,
@@ -178,11 +182,11 @@ def test_yarn_rope_scaling_composes_with_dca(exe, models, tmp_path):
     m = gguf_model(models, "qwen2-yarn4", n_ctx_train=1024, kv=kv)
     r, on = run(exe, m, tmp_path / "on.f32", "--dca", "on", "-c", "512")
     assert r.returncode == 0, r.stderr[-3000:]
-    # L is the original context of the scaling: the automatic sizes are 192 / 32
-    assert "DCA on: chunk size S = 192, local window w = 32" in r.stderr, r.stderr[-3000:]
+    # L is the original context of the scaling: the automatic sizes are L/2 = 128 / L/8 = 32 (c = 96)
+    assert "DCA on: chunk size S = 128, local window w = 32" in r.stderr, r.stderr[-3000:]
     assert "DCA over the model's yarn rope scaling (factor 4" in r.stderr
     _, off = run(exe, m, tmp_path / "off.f32", "--dca", "off", "-c", "512")
     e = rel_err(on, off)
     assert np.isfinite(on).all()
-    assert e[:160].max() < 1e-3, f"below one chunk DCA over YaRN differs from YaRN: {e[:160].max():.3g}"
-    assert e[170:].max() > 1e-3
+    assert e[:96].max() < 1e-3, f"below one chunk DCA over YaRN differs from YaRN: {e[:96].max():.3g}"
+    assert e[106:].max() > 1e-3

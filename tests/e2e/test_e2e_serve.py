@@ -1,6 +1,6 @@
 """DCA in `llama-server` (issue 14): the patched build's real server over HTTP, on the committed trained
 long-context model (tests/models/longctx-qwen2.gguf: qwen2, byte-level vocabulary of 258 tokens,
-trained at L = 256, so DCA's automatic sizes are S = 192, w = 32, c = 160).
+trained at L = 256, so DCA's automatic sizes are S = L/2 = 128, w = L/8 = 32, c = 96).
 
 - Several slots (`--parallel 4 --dca on`, per-slot and unified KV): four prompts of 300..900 tokens
   (all past L, so every DCA regime is used) sent at once from four client threads; every greedy
@@ -151,7 +151,7 @@ def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, name, unif
         in_flight = log[:first_done].count("| processing task")
         assert in_flight >= 3, f"only {in_flight} requests in flight together"
         one_by_one = [complete(srv, p) for p in prompts] if name == "per-slot-kv" else []
-        assert srv.wait_output("DCA on: chunk size S = 192, local window w = 32"), srv.output()[-3000:]
+        assert srv.wait_output("DCA on: chunk size S = 128, local window w = 32"), srv.output()[-3000:]
     errs = []
     for i, p in enumerate(prompts):
         errs.append(check_alone(logits_exe, tmp_path, p, results[i], f"concurrent prompt {len(p)}", cache, extra))
@@ -223,7 +223,7 @@ def test_slot_save_restore_and_refusals(serve_tree, logits_exe, tmp_path):
                      LOGS / "slots-dca-other.log") as srv:
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "dca.bin"})
         assert status != 200, out
-        assert srv.wait_output("saved with --dca on --dca-chunk-size 192 --dca-local-size 32"), srv.output()[-3000:]
+        assert srv.wait_output("saved with --dca on --dca-chunk-size 128 --dca-local-size 32"), srv.output()[-3000:]
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "plain.bin"})
         assert status != 200, out
         assert srv.wait_output("the state was saved with --dca off"), srv.output()[-3000:]
@@ -237,7 +237,7 @@ def test_override_of_context_length_keeps_dca_sizes(serve_tree):
         ref = answer(complete(srv, p))
     with LlamaServer(exe, [*args, "--override-kv", "qwen2.context_length=int:2048"], LOGS / "override-yes.log") as srv:
         got = answer(complete(srv, p))
-        assert srv.wait_output("DCA on: chunk size S = 192, local window w = 32"), srv.output()[-3000:]
+        assert srv.wait_output("DCA on: chunk size S = 128, local window w = 32"), srv.output()[-3000:]
         assert srv.wait_output("not from its override (2048)")
     assert got[0] == ref[0]
     assert np.array_equal(got[1], ref[1])

@@ -5,9 +5,10 @@ patched build's llama-perplexity on the committed held-out text (tests/models/lo
 stdlib files the model never trained on).
 
 The same tokens (the first N_TOKENS of the text) are scored at the trained context (-c 256) and at
-8x (-c 2048), plain rope and DCA with the defaults S = 3L/4 = 192, w = L/8 = 32.
+8x (-c 2048), plain rope and DCA with S = 3L/4 = 192, w = L/8 = 32 (given as flags: ChunkLlama's sizes, the automatic
+ones before issue 15 chose L/2) and DCA with the automatic sizes (`--dca on` alone: S = L/2 = 128, w = L/8 = 32).
 Asserted (measured values in tests/models/longctx.md):
-  DCA at 8x  <= DCA_MAX_RATIO   x the plain perplexity at the trained context;
+  DCA at 8x  <= DCA_MAX_RATIO   x the plain perplexity at the trained context, with either sizes;
   plain at 8x >= PLAIN_MIN_RATIO x the plain perplexity at the trained context.
 """
 
@@ -57,7 +58,9 @@ def test_dca_extends_the_trained_context(dca_tree):
     base = perplexity(dca_tree, L, [], "plain-256")
     plain8 = perplexity(dca_tree, 8 * L, [], "plain-2048")
     dca8 = perplexity(dca_tree, 8 * L, DCA, "dca-2048")
-    msg = f"ppl at {L}: {base:.4f}; at {8 * L}: plain {plain8:.4f}, DCA {dca8:.4f}"
+    auto8 = perplexity(dca_tree, 8 * L, ["--dca", "on"], "dca-auto-2048")
+    msg = f"ppl at {L}: {base:.4f}; at {8 * L}: plain {plain8:.4f}, DCA {dca8:.4f}, DCA automatic sizes {auto8:.4f}"
     print(msg)
     assert dca8 <= DCA_MAX_RATIO * base, msg
+    assert auto8 <= DCA_MAX_RATIO * base, msg
     assert plain8 >= PLAIN_MIN_RATIO * base, msg

@@ -8,7 +8,8 @@ dcaforge/gatetools/dca_logits.cpp linked against
 fixtures build it: the shipped feature rendered by `dcaforge apply` and built by `dcaforge build`,
 and the baseline by `dcaforge build --baseline`.
 
-Trained context L = 256; DCA S = 192, w = 32 (the defaults 3L/4, L/8), so c = S - w = 160.
+Trained context L = 256; DCA S = 192, w = 32 (given as flags: ChunkLlama's 3L/4, L/8), so c = S - w = 160;
+the automatic sizes (L/2 = 128, L/8 = 32) are checked against the same sizes given as flags.
   (a) positions < c: --dca on equals --dca off within 1e-3 (max |a-b| / max |b| per position),
       flash attention on and off.
   (b) 800 tokens, ubatch 64 (ubatches 128..191 and 448..511 straddle the chunk boundaries 160
@@ -209,12 +210,14 @@ def test_a_below_chunk_equals_plain(runner, dca_exe, models_dir, arch, fa):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_auto_sizes_are_three_quarters_and_one_eighth(runner, dca_exe, models_dir, arch):
-    """--dca-chunk-size 0 --dca-local-size 0 resolve to 3L/4 = 192 and L/8 = 32."""
+def test_a_auto_sizes_are_one_half_and_one_eighth(runner, dca_exe, models_dir, arch):
+    """--dca-chunk-size 0 --dca-local-size 0 resolve to L/2 = 128 and L/8 = 32 (not the S = 192 of the other tests)."""
     m = model(models_dir, arch)
     _, auto = runner.run(dca_exe, m, 400, dca=True, chunk=0, local=0)
-    _, expl = runner.run(dca_exe, m, 400, dca=True)
-    assert np.array_equal(auto, expl), f"{arch}: auto sizes differ from S=192 w=32: rel {rel_err(auto, expl).max():.3g}"
+    _, expl = runner.run(dca_exe, m, 400, dca=True, chunk=128, local=32)
+    assert np.array_equal(auto, expl), f"{arch}: auto sizes differ from S=128 w=32: rel {rel_err(auto, expl).max():.3g}"
+    _, s192 = runner.run(dca_exe, m, 400, dca=True)
+    assert rel_err(auto[0], s192[0])[110:].max() > 1e-3, f"{arch}: S=128 and S=192 give the same logits past c = 96"
 
 
 @pytest.mark.parametrize(("args", "flag"), [
