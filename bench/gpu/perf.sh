@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DCA's all-layer speed on the GPU machine (one H200): SmolLM2-135M-Instruct (llama, 30 layers, every one DCA,
-# trained 8192), DCA chunk 6144 / local 1024 (3/4 and 1/8 of 8192) against plain attention, -fa on, same build.
+# trained 8192), DCA chunk 6144 / local 1024 (3/4 and 1/8 of 8192, the automatic sizes until run 7) against plain attention, -fa on, same build.
 # The build and the model are run.sh's: bench/gpu/pack.sh packs the tree and the smol.NN pieces (here, not on the
 # device), then `run.sh build` (or build_bg + wait_build) and `run.sh model` on the device; the model is run.sh's
 # $SMOL (~/model/smollm2-135m-instruct-q4_1.gguf), so one packing serves both scripts.
