@@ -167,6 +167,7 @@ class _Ctx:
         self.cfg, self.hooks = cfg, hooks
         self.out = cfg.workspace / f"{cfg.name}-gates"
         self.logs = self.out / "logs"
+        self.last_rc = 0  # the exit status of the last run()
         self.models = self.out / "models"
         if self.logs.is_dir():  # this run's logs only
             for old in self.logs.glob("*.log"):
@@ -190,6 +191,7 @@ class _Ctx:
         text = res.stdout + res.stderr
         log = self.log_path(what)
         log.write_text(f"$ {' '.join(args)}\n# exit {res.returncode}\n{text}")
+        self.last_rc = res.returncode
         if check and not res.ok:
             tail = "\n".join(text.strip().splitlines()[-12:])
             raise GateError(f"{what} failed (exit {res.returncode})", where=f"log: {log}", details=tail)
@@ -346,6 +348,13 @@ def gate_noop(c: _Ctx, g: GateConfig) -> GateResult:
     return GateResult(g.name, g.kind, ok, f"max rel err {worst:.3g} (tolerance {tol:g}) below c = {cmax}", metrics)
 
 
+def ppl_output_lost(out: str, value: float | None, rc: int) -> bool:
+    """True when a llama-perplexity run exited 0 without a figure and without saying why: its logger lost the
+    output's tail (the loss can begin before the "perplexity: calculating" line: CI, 2026-12-02), so it is run again.
+    A failed run (exit != 0) and a text too short for the context ("you need at least N tokens") are not."""
+    return value is None and rc == 0 and "you need at least" not in out
+
+
 def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
     model = c.model(g)
     text = g.options.get("text")
@@ -385,7 +394,7 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
             out = c.run(argv, f"ppl-{method}-{ctx}" + (f"-retry{attempt}" if attempt else ""),
                         check=False)
             value = parse_perplexity(out)
-            if value is not None or "perplexity: calculating" not in out:
+            if not ppl_output_lost(out, value, c.last_rc):
                 return value
         return None
 

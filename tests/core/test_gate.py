@@ -220,3 +220,17 @@ def test_grid_figure_reads_the_committed_gpu_results(tmp_path: Path) -> None:
         grid_plot.figures(5)
     assert grid_plot.main(["--png", str(tmp_path / "grid.png")]) == 0
     assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_perplexity_run_whose_output_was_lost_is_run_again() -> None:
+    """llama.cpp's logger may lose a run's tail, even from before "perplexity: calculating" (CI, 2026-12-02): an exit 0
+    without a figure is run again; a failed run or a text too short for the context is not."""
+    from dcaforge.gate import ppl_output_lost
+
+    head = "llama_model_loader: loaded meta data\nsystem_info: n_threads = 2\n"
+    assert ppl_output_lost(head, None, 0)
+    assert ppl_output_lost(head + "perplexity: calculating perplexity over 1 chunks\n", None, 0)
+    assert not ppl_output_lost(head + "[1]12.5,\nFinal estimate: PPL = 12.5000 +/- 1.2\n", 12.5, 0)
+    assert not ppl_output_lost(head + "perplexity: you need at least 512 tokens to evaluate perplexity with a context of 256\n",
+                               None, 0)
+    assert not ppl_output_lost(head + "error: failed to load model\n", None, 1)
