@@ -234,3 +234,34 @@ def test_a_perplexity_run_whose_output_was_lost_is_run_again() -> None:
     assert not ppl_output_lost(head + "perplexity: you need at least 512 tokens to evaluate perplexity with a context of 256\n",
                                None, 0)
     assert not ppl_output_lost(head + "error: failed to load model\n", None, 1)
+
+
+def test_perplexity_from_a_logits_file_and_its_malformed_forms(tmp_path: Path) -> None:
+    """The --kl-divergence-base layout, written here by hand: two scored tokens of known log-probabilities."""
+    import math
+    import struct
+
+    import numpy as np
+
+    from dcaforge.gate import perplexity_from_logits
+
+    n_ctx, n_vocab = 6, 3                   # scored: positions 3 and 4 (the second half of the window, less the last)
+    tokens = [0, 1, 2, 0, 2, 1]             # targets: tokens[4] = 2, tokens[5] = 1
+    nv = 2 * ((n_vocab + 1) // 2) + 4       # 8 uint16 per scored token
+    rows = []
+    for tok, logp in ((2, -0.5), (1, -2.0)):
+        scale, lo = 0.25, logp - 0.25 * 4   # level 4 of the target token gives logp
+        head = np.array([scale, lo], dtype="<f4").view("<u2")
+        levels = np.zeros(nv - 4, dtype="<u2")
+        levels[tok] = 4
+        rows.append(np.concatenate([head, levels]))
+    blob = b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, 1) + np.array(tokens, dtype="<i4").tobytes() + \
+        np.concatenate(rows).astype("<u2").tobytes()
+    f = tmp_path / "l.bin"
+    f.write_bytes(blob)
+    assert perplexity_from_logits(f) == pytest.approx(math.exp((0.5 + 2.0) / 2))
+    f.write_bytes(blob[:-2])                # a row cut short
+    assert perplexity_from_logits(f) is None
+    f.write_bytes(b"_notlog_" + blob[8:])
+    assert perplexity_from_logits(f) is None
+    assert perplexity_from_logits(tmp_path / "missing.bin") is None

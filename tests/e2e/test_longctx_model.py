@@ -64,3 +64,27 @@ def test_dca_extends_the_trained_context(dca_tree):
     assert dca8 <= DCA_MAX_RATIO * base, msg
     assert auto8 <= DCA_MAX_RATIO * base, msg
     assert plain8 >= PLAIN_MIN_RATIO * base, msg
+
+
+def test_the_gate_reads_the_perplexity_from_the_logits_file(dca_tree, tmp_path):
+    """dcaforge.gate's fallback when llama.cpp's logger loses the output's tail (the extension gate, under load): the
+    perplexity computed from the tool's --kl-divergence-base file equals the tool's own "Final estimate" (to 1e-4),
+    for one window and for three, plain and DCA."""
+    from dcaforge.gate import perplexity_from_logits
+
+    for ctx, chunks, extra in ((256, 1, []), (512, 3, []), (1024, 1, DCA)):
+        lf = tmp_path / f"logits-{ctx}.bin"
+        argv = [str(dca_tree.bin("llama-perplexity")), "-m", str(MODEL), "-f", str(TEXT), "-c", str(ctx), "-b", str(ctx),
+                "--chunks", str(chunks), "-t", "2", *extra, "--kl-divergence-base", str(lf)]
+        printed = None
+        for _ in range(20):  # the printed figure is the reference: run until the logger keeps it
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+            assert p.returncode == 0, p.stderr[-2000:]
+            m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stderr + p.stdout)
+            if m:
+                printed = float(m.group(1))
+                break
+        assert printed is not None, "the tool's estimate was lost 20 times in a row"
+        got = perplexity_from_logits(lf)
+        # the file keeps each log-probability in 16-bit levels over 16 nats: a few 1e-6 off the tool's own sum
+        assert got is not None and abs(got - printed) <= 1e-4, (ctx, chunks, extra, got, printed)
