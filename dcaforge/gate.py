@@ -432,6 +432,8 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         return method_flags(method, ctx, trained, chunk, local, [str(a) for a in _opt(g, "dca_args")],
                             float(_opt(g, "yarn_factor")))
 
+    n_vocab = int(meta.get("tokenizer.ggml.tokens#count") or 0)  # sizes the --kl-divergence-base fallback of ppl()
+
     def ppl(ctx: int, method: str) -> float | None:
         c.step(f"{g.name}: perplexity {METHOD_LABEL[method]} at {ctx}")
         argv: list[str | os.PathLike[str]] = [ppl_exe, "-m", model, "-f", text, "-c", str(ctx), "-b", str(min(ctx, 2048)), "--chunks", "1",
@@ -443,7 +445,6 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         # Under load the loss can become the rule (CI, 2026-12-02: 8 runs of 8 lost), so after two lost tails a model
         # whose scored log-probabilities fit LOGITS_FILE_MAX bytes runs once more with --kl-divergence-base, which the
         # tool's main thread writes (not its logger): the perplexity comes from that file (perplexity_from_logits).
-        n_vocab = int(meta.get("tokenizer.ggml.tokens#count") or 0)
         for attempt in range(RETRIES):
             name = f"ppl-{method}-{ctx}" + (f"-retry{attempt}" if attempt else "")
             if attempt == 2 and 0 < n_vocab and (ctx // 2)*(n_vocab + 6)*2 <= LOGITS_FILE_MAX:

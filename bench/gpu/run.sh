@@ -467,25 +467,33 @@ step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 
 QWEN=tests/models/longctx-qwen2.gguf   # the project's own trained qwen2 (tests/models/longctx.md: trained L 256), tracked
 QWEN_DCA=(--dca on --dca-chunk-size 192 --dca-local-size 32)   # 3/4 and 1/8 of 256: every layer DCA, qwen2 architecture
 
-step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as speed_smol (no graph check), $ROUNDS rounds
-    local tsv="$OUT/speed-qwen.tsv" common=(-m "$QWEN" -ngl 99 -fa on -b 2048 -ub 512)
-    bb_header "$tsv"; mkdir -p "$OUT/speed-qwen"
-    for round in $(seq 1 "${ROUNDS:-3}"); do
+# plain / DCA in llama-batched-bench, $ROUNDS rounds (default `rounds`) alternating: 1 sequence (-c c -npp npp) and 4
+# sequences of 16k with per-sequence KV and with unified KV (-kvu); the rows in $OUT/speed-<tag>.tsv, the logs in
+# $OUT/speed-<tag>/, the ratio table in $OUT/speed-<tag>-ratios.txt (and copies in ~/llb)
+speed_cells() { # tag model rounds c npp dca-flags...
+    local tag=$1 model=$2 rounds=$3 c=$4 npp=$5; shift 5
+    local dca=("$@") tsv="$OUT/speed-$tag.tsv" common=(-m "$model" -ngl 99 -fa on -b 2048 -ub 512)
+    bb_header "$tsv"; mkdir -p "$OUT/speed-$tag"
+    for round in $(seq 1 "${ROUNDS:-$rounds}"); do
         for mode in plain dca; do
-            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
-            bb_cell "$tsv" "$OUT/speed-qwen/$mode-1-$round.log" "$round" "$mode" 1 \
-                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
+            bb_cell "$tsv" "$OUT/speed-$tag/$mode-1-$round.log" "$round" "$mode" 1 \
+                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c "$c" -npp "$npp" -ntg 128 -npl 1
         done
         for mode in plain dca plain-kvu dca-kvu; do
-            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN_DCA[@]}")
+            local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             [[ $mode == *kvu ]] && extra+=(-kvu)
-            bb_cell "$tsv" "$OUT/speed-qwen/$mode-4-$round.log" "$round" "$mode" 4 \
+            bb_cell "$tsv" "$OUT/speed-$tag/$mode-4-$round.log" "$round" "$mode" 4 \
                 "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
         done
     done
-    speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen-ratios.txt"
-    cp "$tsv" "$OUT/speed-qwen-ratios.txt" ~/llb/ 2>/dev/null
+    speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-$tag-ratios.txt"
+    cp "$tsv" "$OUT/speed-$tag-ratios.txt" ~/llb/ 2>/dev/null
     true
+}
+
+step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as speed_smol (no graph check), $ROUNDS rounds
+    speed_cells qwen "$QWEN" 3 66048 32768,65536 "${QWEN_DCA[@]}"
 }
 
 # issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (dcaforge/gatetools/tiny.py
@@ -495,7 +503,7 @@ step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as spee
 # model's output matmul (~136M parameters, per generated token and per prompt token) is missing, so attention is a
 # larger share of the time here than in Qwen2.5-0.5B and DCA's ratios are, if anything, lower (conservative).
 QWEN05=~/model/qwen2-0.5b-shape-f16.gguf
-QWEN05_DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # the model's defaults: 3/4 and 1/8 of 32768
+QWEN05_DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # 3/4 and 1/8 of 32768: run 7's automatic sizes (L/2 since)
 
 qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: a killed write leaves none)
     [ -f "$QWEN05" ] && return 0
@@ -513,24 +521,7 @@ qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: 
 # plus ~10 s for the model on first use (not measured on the GPU: the first run's times replace this estimate)
 step_speed_qwen05() {
     qwen05_model || return 1
-    local tsv="$OUT/speed-qwen05.tsv" common=(-m "$QWEN05" -ngl 99 -fa on -b 2048 -ub 512)
-    bb_header "$tsv"; mkdir -p "$OUT/speed-qwen05"
-    for round in $(seq 1 "${ROUNDS:-2}"); do
-        for mode in plain dca; do
-            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN05_DCA[@]}")
-            bb_cell "$tsv" "$OUT/speed-qwen05/$mode-1-$round.log" "$round" "$mode" 1 \
-                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c 131328 -npp 32768,65536,131072 -ntg 128 -npl 1
-        done
-        for mode in plain dca plain-kvu dca-kvu; do
-            local extra=(); [[ $mode == dca* ]] && extra=("${QWEN05_DCA[@]}")
-            [[ $mode == *kvu ]] && extra+=(-kvu)
-            bb_cell "$tsv" "$OUT/speed-qwen05/$mode-4-$round.log" "$round" "$mode" 4 \
-                "$BIN/llama-batched-bench" "${common[@]}" "${extra[@]}" -c $((4 * (16384 + 128))) -npp 16384 -ntg 128 -npl 4
-        done
-    done
-    speed_smol_ratios "$tsv" | grep -v "graphs check" | tee "$OUT/speed-qwen05-ratios.txt"
-    cp "$tsv" "$OUT/speed-qwen05-ratios.txt" ~/llb/ 2>/dev/null
-    true
+    speed_cells qwen05 "$QWEN05" 2 131328 32768,65536,131072 "${QWEN05_DCA[@]}"
 }
 
 step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 147/147 and 139/139 there)
