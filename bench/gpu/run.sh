@@ -3,7 +3,7 @@
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
 #   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05
-#   grid_gemma grid_gemma_bg wait_grid_gemma
+#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -419,25 +419,23 @@ step_speed_smol() {
     true
 }
 
-# the decode's kernel choice (issue 15's lead): the stacked decode gives CUDA's FA three query rows, which on Ada and newer
-# takes the MMA kernel where plain's one row takes the vector kernel; LLAMA_DCA_MODE=ranges decodes with three one-row
-# launches and a merge instead. plain / DCA auto (stacked) / DCA ranges, 1 sequence at 32k and 64k, $ROUNDS rounds
 # the DCA core's variants, each against plain in the same rounds: dca (the default: succ folded into inter, a decode's
-# regimes stacked in one launch), dca-nofold (LLAMA_DCA_FOLD=0: run 6's core), dca-full (LLAMA_DCA_FULL=1: calls over
-# whole chunks without a mask), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at every ubatch, decode
-# included, each a one-row launch that CUDA gives its vector kernel). Run 7 ran this step before the unmasked calls were
-# turned off by default: its "dca" had them on, its "dca-nofull" (LLAMA_DCA_FULL=0) is today's default, its "dca-base"
-# (both off) today's dca-nofold (bench/gpu/RESULTS.md, run 7)
-SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofold dca-full dca-ranges"}
+# regimes stacked in one launch, the calls that keep every cell read zeros made on the device instead of a host mask),
+# dca-nofull (LLAMA_DCA_FULL=0: host masks for every call, run 7's default), dca-nofold (LLAMA_DCA_FOLD=0: run 6's
+# core), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at every ubatch, decode included, each a one-row
+# launch that CUDA gives its vector kernel); 1 sequence at 32k and 64k, and 4 x 16k in a unified cache, $ROUNDS rounds.
+# Run 7's "dca" ran those calls without any mask (since removed: CUDA then loses its GQA packing), its "dca-nofull" is
+# this step's dca-nofull, its "dca-base" this step's dca-nofold (bench/gpu/RESULTS.md, runs 7 and 8)
+SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofull"}
 mode_env() { # variant -> its environment
     case $1 in
         dca-nofold) echo LLAMA_DCA_FOLD=0 ;;
-        dca-full)   echo LLAMA_DCA_FULL=1 ;;
+        dca-nofull) echo LLAMA_DCA_FULL=0 ;;
         dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
     esac
 }
 
-step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 x 16k with unified KV for plain, dca, dca-nofold
+step_speed_modes() { # 1 sequence at 32k and 64k, and 4 x 16k with unified KV, every $SPEED_MODES variant
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     local tsv="$OUT/speed-modes.tsv"
@@ -448,7 +446,7 @@ step_speed_modes() { # 1 sequence at 32k and 64k, every $SPEED_MODES variant; 4 
             bb_cell "$tsv" "$OUT/speed-smol/modes-$mode-$round.log" "$round" "$mode" 1 \
                 env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
         done
-        for mode in plain dca dca-nofold; do
+        for mode in $SPEED_MODES; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             bb_cell "$tsv" "$OUT/speed-smol/modes-kvu-$mode-$round.log" "$round" "$mode" 4 \
                 env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -kvu \
@@ -503,7 +501,7 @@ step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as spee
 # model's output matmul (~136M parameters, per generated token and per prompt token) is missing, so attention is a
 # larger share of the time here than in Qwen2.5-0.5B and DCA's ratios are, if anything, lower (conservative).
 QWEN05=~/model/qwen2-0.5b-shape-f16.gguf
-QWEN05_DCA=(--dca on --dca-chunk-size 24576 --dca-local-size 4096)   # 3/4 and 1/8 of 32768: run 7's automatic sizes (L/2 since)
+QWEN05_DCA=(--dca on --dca-chunk-size 16384 --dca-local-size 4096)   # 1/2 and 1/8 of 32768: the automatic sizes (run 7: 3/4)
 
 qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: a killed write leaves none)
     [ -f "$QWEN05" ] && return 0
@@ -522,6 +520,49 @@ qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: 
 step_speed_qwen05() {
     qwen05_model || return 1
     speed_cells qwen05 "$QWEN05" 2 131328 32768,65536,131072 "${QWEN05_DCA[@]}"
+}
+
+# where the prompt's time goes (issue 15: prompt 0.74-0.76x with the same attention work as plain): test-dca's perf
+# (the attention core alone on the GPU: plain FA, one FA with the LSE output, DCA's calls + merge, per model shape and
+# length), then llama-batched-bench at 64k, $ROUNDS rounds alternating: plain and DCA S6w1, each at -ub 512 and 2048
+# (a larger ubatch: fewer graphs, masks and launches per prompt token)
+step_diag() {
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    timeout 300 "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf.log" 2>&1; echo "test-dca perf -b CUDA0 rc=$?"
+    grep -E "cases passed|^perf:" "$OUT/test-dca-perf.log"
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    local tsv="$OUT/speed-diag.tsv"
+    bb_header "$tsv"; mkdir -p "$OUT/speed-diag"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for ub in 512 2048; do
+            for mode in plain dca; do
+                local extra=()
+                [ "$mode" = dca ] && extra=("${dca[@]}")
+                bb_cell "$tsv" "$OUT/speed-diag/$mode-ub$ub-$round.log" "$round" "$mode-ub$ub" 1 \
+                    "$BIN/llama-batched-bench" -m "$SMOL" -ngl 99 -fa on -b 2048 -ub "$ub" "${extra[@]}" \
+                    -c 66048 -npp 65536 -ntg 32 -npl 1
+            done
+        done
+    done
+    awk -F'\t' 'NR > 1 {pp[$2] += $7; tg[$2] += $8} END {for (m in pp) printf "%-14s pp %9.1f t/s  tg %7.1f t/s (summed over rounds)\n", m, pp[m], tg[m]}' "$tsv" | sort
+    true
+}
+
+# GPU memory at a 1M-token context (issue 15): gemma-3-270m, -c 1048576, a 256k prompt (past the first chunks, so the
+# full calls' zeros are in use), plain, DCA (automatic sizes) and DCA with LLAMA_DCA_FULL=0 (run 7's masks); the
+# nvidia-smi peak of each run (the idle machine: 0 MiB) and its speed
+step_mem_gemma() {
+    [ -f "$MODEL" ] || { echo "no $MODEL: run the model step with the gemma pieces first"; return 1; }
+    local tsv="$OUT/mem-gemma.tsv"
+    bb_header "$tsv"; mkdir -p "$OUT/speed-mem"
+    for mode in plain dca dca-nofull; do
+        local extra=(); [[ $mode == dca* ]] && extra=(--dca on)
+        with_mem "gemma-$mode" bb_cell "$tsv" "$OUT/speed-mem/$mode.log" 1 "$mode" 1 \
+            env $(mode_env "$mode") "$BIN/llama-batched-bench" -m "$MODEL" -ngl 99 -fa on -b 2048 -ub 512 "${extra[@]}" \
+            -c 1048576 -npp 262144 -ntg 16 -npl 1
+        echo "  peak GPU memory $(cat "$OUT/mem-gemma-$mode.txt") MiB"
+    done
+    cat "$tsv"
 }
 
 step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 147/147 and 139/139 there)
@@ -705,7 +746,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }
