@@ -10,10 +10,12 @@ ones before issue 15 chose L/2) and DCA with the automatic sizes (`--dca on` alo
 Asserted (measured values in tests/models/longctx.md):
   DCA at 8x  <= DCA_MAX_RATIO   x the plain perplexity at the trained context, with either sizes;
   plain at 8x >= PLAIN_MIN_RATIO x the plain perplexity at the trained context.
+And the calls that keep every cell read zeros made in the graph: the same perplexity as with host masks for every call.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -29,7 +31,7 @@ DCA_MAX_RATIO = 1.15
 PLAIN_MIN_RATIO = 2.0
 
 
-def perplexity(tree, ctx: int, extra: list[str], name: str) -> float:
+def perplexity(tree, ctx: int, extra: list[str], name: str, env: dict[str, str] | None = None) -> float:
     log = WORKSPACE / "logs" / f"longctx-{name}.log"
     argv = [str(tree.bin("llama-perplexity")), "-m", str(MODEL), "-f", str(TEXT), "-c", str(ctx),
             "-b", str(ctx), "--chunks", str(N_TOKENS // ctx), "-t", "2", *extra]
@@ -37,7 +39,8 @@ def perplexity(tree, ctx: int, extra: list[str], name: str) -> float:
     log.parent.mkdir(parents=True, exist_ok=True)
     out, err = log.with_suffix(".stdout"), log.with_suffix(".stderr")
     with open(out, "w") as fo, open(err, "w") as fe:
-        rc = subprocess.run(argv, stdout=fo, stderr=fe, timeout=900, check=False).returncode
+        rc = subprocess.run(argv, stdout=fo, stderr=fe, timeout=900, check=False,
+                            env=None if env is None else {**os.environ, **env}).returncode
     stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
     log.write_text(f"$ {' '.join(argv)}\n{stdout}\n{stderr}")
     assert rc == 0, f"see {log}\n{stderr[-3000:]}"
@@ -88,3 +91,24 @@ def test_the_gate_reads_the_perplexity_from_the_logits_file(dca_tree, tmp_path):
         got = perplexity_from_logits(lf)
         # the file keeps each log-probability in 16-bit levels over 16 nats: a few 1e-6 off the tool's own sum
         assert got is not None and abs(got - printed) <= 1e-4, (ctx, chunks, extra, got, printed)
+
+
+def test_the_full_calls_zeros_give_the_host_masks_figures(dca_tree):
+    """The DCA calls whose every row keeps every cell (inter over whole chunks) read zeros that one ggml_fill per graph
+    makes (llama_dca_mask_full, the default) instead of a host-filled mask: at 8x with S 192 / w 32 (c = 160, so the
+    inter ranges of chunks 9.. are whole 256-cell blocks) the graphs hold that node, and the perplexity equals the one
+    with host masks for every call (LLAMA_DCA_FULL=0), which holds no such node."""
+    argv = [str(dca_tree.bin("llama-perplexity")), "-m", str(MODEL), "-f", str(TEXT), "-c", str(8 * L), "-b", str(8 * L),
+            "--chunks", "1", "-t", "2", *DCA, "-v"]
+    nodes = {}
+    for full in ("1", "0"):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
+                           env={**os.environ, "GGML_SCHED_DEBUG": "2", "LLAMA_DCA_FULL": full})
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "## SPLIT #0" in p.stdout + p.stderr, "the scheduler printed no graph"
+        nodes[full] = (p.stdout + p.stderr).count("dca_mask_full")
+    assert nodes["1"] > 0 and nodes["0"] == 0, nodes
+
+    zeros = perplexity(dca_tree, 8 * L, DCA, "dca-2048-zeros", {"LLAMA_DCA_FULL": "1"})
+    host = perplexity(dca_tree, 8 * L, DCA, "dca-2048-host-masks", {"LLAMA_DCA_FULL": "0"})
+    assert abs(zeros - host) <= 1e-4, (zeros, host)
