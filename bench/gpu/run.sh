@@ -569,6 +569,12 @@ step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 14
     timeout 240 "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -3 "$OUT/test-dca-cuda.log"
 }
 
+step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test-dca perf-inputs: the fast layout's
+    # prompt and decode, a unified cache's 4-sequence decode step on 1 and N threads)
+    DCA_TEST_THREADS=${DCA_TEST_THREADS:-8} timeout 120 "$BIN/test-dca" perf-inputs > "$OUT/perf-inputs.log" 2>&1
+    echo "test-dca perf-inputs rc=$?"; cat "$OUT/perf-inputs.log"
+}
+
 # issue 15's "one default": a chunk/local grid on SmolLM2 (L 8192), passkey at 1x/4x/8x and perplexity at 1x/4x/8x,
 # plain and YaRN (factor = length / L) beside each DCA setting; gemma-3-270m's grid is runs 2-4's (RESULTS.md)
 SMOL_GRID=${SMOL_GRID:-"S6w1 S4w1 S4w0.5 S3w0.5 S2w0.25"}
