@@ -42,79 +42,57 @@ static void usage(const char * argv0) {
         "  -t, --threads N         (default 2)\n"
         "  -v                      llama.cpp logs\n"
 #ifdef DCA
-        "  --dca on|off  --dca-chunk-size S  --dca-local-size W\n"
+        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
 #endif
         , argv0);
 }
 
 int main(int argc, char ** argv) {
-    std::string model_path, out_path;
+    gate_opts o;
+    o.n_batch = 64;               // the text's tokens per llama_decode call
     uint64_t seed      = 1;
     uint64_t embd_seed = 1;
     int      n_tokens  = 512;
     int      embd_at   = -1;
     int      embd_n    = 0;
     bool     embd_causal = false;
-    int      n_ctx     = 0;
-    int      n_batch   = 64;
-    int      n_ubatch  = 512;
-    bool     fa        = false;
-    ggml_type ctk      = GGML_TYPE_F16;
-    ggml_type ctv      = GGML_TYPE_F16;
-    int      threads   = 2;
-#ifdef DCA
-    bool     dca       = false;
-    int      dca_chunk = 0;
-    int      dca_local = 0;
-#endif
 
     for (int i = 1; i < argc; ++i) {
+        const int r = parse_gate_opt(o, argc, argv, i);
+        if (r < 0) { usage(argv[0]); return 1; }
+        if (r > 0) continue;
         const std::string a = argv[i];
         auto next = [&](void) -> std::string {
             if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
             return argv[++i];
         };
-        if      (a == "-m" || a == "--model")       model_path = next();
-        else if (a == "-o" || a == "--out")         out_path = next();
-        else if (a == "--seed")                     seed = std::stoull(next());
+        if      (a == "--seed")                     seed = std::stoull(next());
         else if (a == "--embd-seed")                embd_seed = std::stoull(next());
         else if (a == "--n-tokens")                 n_tokens = std::stoi(next());
         else if (a == "--embd-at")                  embd_at = std::stoi(next());
         else if (a == "--embd-n")                   embd_n = std::stoi(next());
         else if (a == "--embd-causal")              embd_causal = true;
-        else if (a == "-c" || a == "--n-ctx")       n_ctx = std::stoi(next());
-        else if (a == "-b" || a == "--n-batch")     n_batch = std::stoi(next());
-        else if (a == "-ub" || a == "--n-ubatch")   n_ubatch = std::stoi(next());
-        else if (a == "-fa" || a == "--flash-attn") { if (!parse_onoff(next(), fa)) { usage(argv[0]); return 1; } }
-        else if (a == "-ctk" || a == "--cache-type-k") { if (!parse_type(next(), ctk)) { fprintf(stderr, "bad cache type\n"); return 1; } }
-        else if (a == "-ctv" || a == "--cache-type-v") { if (!parse_type(next(), ctv)) { fprintf(stderr, "bad cache type\n"); return 1; } }
-        else if (a == "-t" || a == "--threads")     threads = std::stoi(next());
-        else if (a == "-v")                         g_verbose = true;
-#ifdef DCA
-        else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
-        else if (a == "--dca-chunk-size")           dca_chunk = std::stoi(next());
-        else if (a == "--dca-local-size")           dca_local = std::stoi(next());
-#endif
         else if (a == "-h" || a == "--help")        { usage(argv[0]); return 0; }
         else { fprintf(stderr, "unknown option %s\n", a.c_str()); usage(argv[0]); return 1; }
     }
-    if (model_path.empty() || out_path.empty() || embd_at < 1 || embd_n < 1 || embd_at + embd_n > n_tokens ||
-            n_batch < 1 || n_ubatch < embd_n) {
+    if (o.model_path.empty() || o.out_path.empty() || embd_at < 1 || embd_n < 1 || embd_at + embd_n > n_tokens ||
+            o.n_batch < 1 || o.n_ubatch < embd_n) {
         usage(argv[0]);
         return 1;
     }
-    if (n_ctx <= 0) {
-        n_ctx = n_tokens;
+    if (o.n_ctx <= 0) {
+        o.n_ctx = n_tokens;
     }
+    const int n_batch = o.n_batch;
 
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
+    llama_model * model = llama_model_load_from_file(o.model_path.c_str(), mparams);
     if (!model) {
-        fprintf(stderr, "error: failed to load %s\n", model_path.c_str());
+        fprintf(stderr, "error: failed to load %s\n", o.model_path.c_str());
         return 2;
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
@@ -132,22 +110,8 @@ int main(int argc, char ** argv) {
         }
     }
 
-    llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx           = n_ctx;
-    cparams.n_batch         = std::max(n_batch, embd_n);
-    cparams.n_ubatch        = n_ubatch;
-    cparams.n_seq_max       = 1;
-    cparams.n_threads       = threads;
-    cparams.n_threads_batch = threads;
-    cparams.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cparams.type_k          = ctk;
-    cparams.type_v          = ctv;
-    cparams.no_perf         = true;
-#ifdef DCA
-    cparams.dca             = dca;
-    cparams.dca_chunk_size  = dca_chunk;
-    cparams.dca_local_size  = dca_local;
-#endif
+    llama_context_params cparams = gate_context_params(o);
+    cparams.n_batch = std::max(n_batch, embd_n); // the embeddings in one call
 
     llama_context * ctx = llama_init_from_model(model, cparams);
     if (!ctx) {
@@ -228,9 +192,9 @@ int main(int argc, char ** argv) {
     }
 
     if (rc == 0) {
-        FILE * f = fopen(out_path.c_str(), "wb");
+        FILE * f = fopen(o.out_path.c_str(), "wb");
         if (!f || fwrite(out.data(), sizeof(float), out.size(), f) != out.size()) {
-            fprintf(stderr, "error: cannot write %s\n", out_path.c_str());
+            fprintf(stderr, "error: cannot write %s\n", o.out_path.c_str());
             rc = 1;
         }
         if (f) fclose(f);
@@ -246,9 +210,9 @@ int main(int argc, char ** argv) {
 #endif
            ", \"rc\": %d}\n",
            n_tokens, n_vocab, n_embd, embd_at, embd_n, embd_causal ? "true" : "false", llama_n_ctx(ctx),
-           fa ? "true" : "false", n_nonfinite,
+           o.fa ? "true" : "false", n_nonfinite,
 #ifdef DCA
-           dca ? "true" : "false", dca_chunk, dca_local,
+           o.dca ? "true" : "false", o.dca_chunk, o.dca_local,
 #endif
            rc);
 

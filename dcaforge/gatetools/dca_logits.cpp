@@ -62,17 +62,11 @@ static void usage(const char * argv0) {
 }
 
 int main(int argc, char ** argv) {
-    std::string model_path, out_path, tokens_path;
+    gate_opts o;
+    std::string tokens_path;
     uint64_t seed     = 1;
     int      n_tokens = 512;
     int      bos      = -1;
-    int      n_ctx    = 0;
-    int      n_batch  = 512;
-    int      n_ubatch = 512;
-    bool     fa       = false;
-    ggml_type ctk     = GGML_TYPE_F16;
-    ggml_type ctv     = GGML_TYPE_F16;
-    int      threads  = 2;
     int      n_seq    = 1;
     bool     swa_full = false;
     bool     check_finite = false;
@@ -83,32 +77,20 @@ int main(int argc, char ** argv) {
     std::string state_save, state_load;
     std::string rpc;
     int      ngl      = 0;
-#ifdef DCA
-    bool     dca      = false;
-    int      dca_chunk = 0;
-    int      dca_local = 0;
-    float    dca_yarn  = 0.0f;
-#endif
 
     for (int i = 1; i < argc; ++i) {
+        const int r = parse_gate_opt(o, argc, argv, i);
+        if (r < 0) { usage(argv[0]); return 1; }
+        if (r > 0) continue;
         const std::string a = argv[i];
         auto next = [&](void) -> std::string {
             if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
             return argv[++i];
         };
-        if      (a == "-m" || a == "--model")       model_path = next();
-        else if (a == "-o" || a == "--out")         out_path = next();
-        else if (a == "--tokens")                   tokens_path = next();
+        if      (a == "--tokens")                   tokens_path = next();
         else if (a == "--seed")                     seed = std::stoull(next());
         else if (a == "--n-tokens")                 n_tokens = std::stoi(next());
         else if (a == "--bos")                      bos = std::stoi(next());
-        else if (a == "-c" || a == "--n-ctx")       n_ctx = std::stoi(next());
-        else if (a == "-b" || a == "--n-batch")     n_batch = std::stoi(next());
-        else if (a == "-ub" || a == "--n-ubatch")   n_ubatch = std::stoi(next());
-        else if (a == "-fa" || a == "--flash-attn") { if (!parse_onoff(next(), fa)) { usage(argv[0]); return 1; } }
-        else if (a == "-ctk" || a == "--cache-type-k") { if (!parse_type(next(), ctk)) { fprintf(stderr, "bad cache type\n"); return 1; } }
-        else if (a == "-ctv" || a == "--cache-type-v") { if (!parse_type(next(), ctv)) { fprintf(stderr, "bad cache type\n"); return 1; } }
-        else if (a == "-t" || a == "--threads")     threads = std::stoi(next());
         else if (a == "--n-seq")                    n_seq = std::stoi(next());
         else if (a == "--swa-full")                 swa_full = true;
         else if (a == "--check-finite")             check_finite = true;
@@ -120,17 +102,10 @@ int main(int argc, char ** argv) {
         else if (a == "--state-load")               state_load = next();
         else if (a == "--rpc")                      rpc = next();
         else if (a == "-ngl" || a == "--n-gpu-layers") ngl = std::stoi(next());
-        else if (a == "-v")                         g_verbose = true;
-#ifdef DCA
-        else if (a == "--dca")                      { if (!parse_onoff(next(), dca)) { usage(argv[0]); return 1; } }
-        else if (a == "--dca-chunk-size")           dca_chunk = std::stoi(next());
-        else if (a == "--dca-local-size")           dca_local = std::stoi(next());
-        else if (a == "--dca-yarn-factor")          dca_yarn = std::stof(next());
-#endif
         else if (a == "-h" || a == "--help")        { usage(argv[0]); return 0; }
         else { fprintf(stderr, "unknown option %s\n", a.c_str()); usage(argv[0]); return 1; }
     }
-    if (model_path.empty() || out_path.empty() || n_seq < 1 || n_batch < 1 || n_ubatch < 1) {
+    if (o.model_path.empty() || o.out_path.empty() || n_seq < 1 || o.n_batch < 1 || o.n_ubatch < 1) {
         usage(argv[0]);
         return 1;
     }
@@ -156,9 +131,9 @@ int main(int argc, char ** argv) {
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = ngl;
-    llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
+    llama_model * model = llama_model_load_from_file(o.model_path.c_str(), mparams);
     if (!model) {
-        fprintf(stderr, "error: failed to load %s\n", model_path.c_str());
+        fprintf(stderr, "error: failed to load %s\n", o.model_path.c_str());
         return 2;
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
@@ -178,7 +153,7 @@ int main(int argc, char ** argv) {
         tokens.erase(tokens.begin(), tokens.begin() + skip);
     }
     const int n = (int) tokens.size();
-    if (n_ctx <= 0) n_ctx = n * n_seq;
+    if (o.n_ctx <= 0) o.n_ctx = n * n_seq;
     if (shift > 0 && (n_seq != 1 || shift_at <= shift || shift_at >= n)) {
         fprintf(stderr, "error: --shift needs --n-seq 1 and 0 < M < P < n_tokens\n");
         return 1;
@@ -189,25 +164,10 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx           = n_ctx;
-    cparams.n_batch         = n_batch;
-    cparams.n_ubatch        = n_ubatch;
-    cparams.n_seq_max       = n_seq;
-    cparams.n_threads       = threads;
-    cparams.n_threads_batch = threads;
-    cparams.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cparams.type_k          = ctk;
-    cparams.type_v          = ctv;
-    cparams.swa_full        = swa_full;
-    cparams.kv_unified      = true;
-    cparams.no_perf         = true;
-#ifdef DCA
-    cparams.dca             = dca;
-    cparams.dca_chunk_size  = dca_chunk;
-    cparams.dca_local_size  = dca_local;
-    cparams.dca_yarn_factor = dca_yarn;
-#endif
+    llama_context_params cparams = gate_context_params(o);
+    cparams.n_seq_max  = n_seq;
+    cparams.swa_full   = swa_full;
+    cparams.kv_unified = true;
 
     llama_context * ctx = llama_init_from_model(model, cparams);
     if (!ctx) {
@@ -217,7 +177,7 @@ int main(int argc, char ** argv) {
     }
 
     // per sequence, positions [p0, p0 + step) go into one llama_decode call
-    const int step = n_batch / n_seq;
+    const int step = o.n_batch / n_seq;
     if (step < 1) { fprintf(stderr, "error: n_batch < n_seq\n"); return 1; }
 
     // rows of the output: all positions, or with --shift only the tokens evaluated after the shift
@@ -295,9 +255,9 @@ int main(int argc, char ** argv) {
     llama_batch_free(batch);
 
     if (rc == 0) {
-        FILE * f = fopen(out_path.c_str(), "wb");
+        FILE * f = fopen(o.out_path.c_str(), "wb");
         if (!f || fwrite(out.data(), sizeof(float), out.size(), f) != out.size()) {
-            fprintf(stderr, "error: cannot write %s\n", out_path.c_str());
+            fprintf(stderr, "error: cannot write %s\n", o.out_path.c_str());
             rc = 1;
         }
         if (f) fclose(f);
@@ -313,10 +273,10 @@ int main(int argc, char ** argv) {
            ", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d"
 #endif
            ", \"rc\": %d}\n",
-           n, n - row0, n_vocab, n_seq, llama_n_ctx(ctx), n_batch, n_ubatch, fa ? "true" : "false",
-           ggml_type_name(ctk), ggml_type_name(ctv), n_nonfinite,
+           n, n - row0, n_vocab, n_seq, llama_n_ctx(ctx), o.n_batch, o.n_ubatch, o.fa ? "true" : "false",
+           ggml_type_name(o.ctk), ggml_type_name(o.ctv), n_nonfinite,
 #ifdef DCA
-           dca ? "true" : "false", dca_chunk, dca_local,
+           o.dca ? "true" : "false", o.dca_chunk, o.dca_local,
 #endif
            rc);
 

@@ -1,5 +1,6 @@
-// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the option parsers and
-// the generated token sequence. Header-only (static functions): each driver is one translation unit.
+// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the options both take and
+// the context parameters they make, the generated token sequence. Header-only (static functions): each driver is one
+// translation unit.
 #pragma once
 
 #include "llama.h"
@@ -47,4 +48,85 @@ static std::vector<llama_token> lcg_tokens(uint64_t seed, int n_tokens, llama_to
         tokens.push_back((llama_token) ((s >> 33) & 0xff));
     }
     return tokens;
+}
+
+// the options both drivers take: the model and the output, the context's sizes, flash attention, the cache types,
+// threads, llama.cpp's logs and (with -DDCA, the patched llama.h) DCA's settings
+struct gate_opts {
+    std::string model_path;
+    std::string out_path;
+    int       n_ctx    = 0;    // 0: the driver's default
+    int       n_batch  = 512;
+    int       n_ubatch = 512;
+    bool      fa       = false;
+    ggml_type ctk      = GGML_TYPE_F16;
+    ggml_type ctv      = GGML_TYPE_F16;
+    int       threads  = 2;
+#ifdef DCA
+    bool      dca       = false;
+    int       dca_chunk = 0;
+    int       dca_local = 0;
+    float     dca_yarn  = 0.0f;
+#endif
+};
+
+// the option at argv[i], its value consumed: 1 when it is one of gate_opts', 0 when it is not, -1 (after a message)
+// when its value is missing or not one the option takes
+static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
+    const std::string a = argv[i];
+    std::string v;
+    bool missing = false;
+    auto value = [&]() {
+        missing = i + 1 >= argc;
+        if (!missing) {
+            v = argv[++i];
+        }
+        return !missing;
+    };
+    bool ok = true;
+    if      (a == "-m" || a == "--model")           { ok = value(); o.model_path = v; }
+    else if (a == "-o" || a == "--out")             { ok = value(); o.out_path = v; }
+    else if (a == "-c" || a == "--n-ctx")           { ok = value() && (o.n_ctx = std::stoi(v), true); }
+    else if (a == "-b" || a == "--n-batch")         { ok = value() && (o.n_batch = std::stoi(v), true); }
+    else if (a == "-ub" || a == "--n-ubatch")       { ok = value() && (o.n_ubatch = std::stoi(v), true); }
+    else if (a == "-fa" || a == "--flash-attn")     { ok = value() && parse_onoff(v, o.fa); }
+    else if (a == "-ctk" || a == "--cache-type-k")  { ok = value() && parse_type(v, o.ctk); }
+    else if (a == "-ctv" || a == "--cache-type-v")  { ok = value() && parse_type(v, o.ctv); }
+    else if (a == "-t" || a == "--threads")         { ok = value() && (o.threads = std::stoi(v), true); }
+    else if (a == "-v")                             { g_verbose = true; }
+#ifdef DCA
+    else if (a == "--dca")                          { ok = value() && parse_onoff(v, o.dca); }
+    else if (a == "--dca-chunk-size")               { ok = value() && (o.dca_chunk = std::stoi(v), true); }
+    else if (a == "--dca-local-size")               { ok = value() && (o.dca_local = std::stoi(v), true); }
+    else if (a == "--dca-yarn-factor")              { ok = value() && (o.dca_yarn = std::stof(v), true); }
+#endif
+    else return 0;
+    if (missing) {
+        fprintf(stderr, "missing value for %s\n", a.c_str());
+    } else if (!ok) {
+        fprintf(stderr, "bad value '%s' for %s\n", v.c_str(), a.c_str());
+    }
+    return ok ? 1 : -1;
+}
+
+// the context parameters of gate_opts (one sequence, no performance counters; the driver sets the rest)
+static llama_context_params gate_context_params(const gate_opts & o) {
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx           = o.n_ctx;
+    cparams.n_batch         = o.n_batch;
+    cparams.n_ubatch        = o.n_ubatch;
+    cparams.n_seq_max       = 1;
+    cparams.n_threads       = o.threads;
+    cparams.n_threads_batch = o.threads;
+    cparams.flash_attn_type = o.fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cparams.type_k          = o.ctk;
+    cparams.type_v          = o.ctv;
+    cparams.no_perf         = true;
+#ifdef DCA
+    cparams.dca             = o.dca;
+    cparams.dca_chunk_size  = o.dca_chunk;
+    cparams.dca_local_size  = o.dca_local;
+    cparams.dca_yarn_factor = o.dca_yarn;
+#endif
+    return cparams;
 }
