@@ -88,11 +88,8 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
-    llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(o.model_path.c_str(), mparams);
+    llama_model * model = gate_load_model(o, 0);
     if (!model) {
-        fprintf(stderr, "error: failed to load %s\n", o.model_path.c_str());
         return 2;
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
@@ -191,13 +188,8 @@ int main(int argc, char ** argv) {
         eval_text(embd_at + embd_n, n_tokens);
     }
 
-    if (rc == 0) {
-        FILE * f = fopen(o.out_path.c_str(), "wb");
-        if (!f || fwrite(out.data(), sizeof(float), out.size(), f) != out.size()) {
-            fprintf(stderr, "error: cannot write %s\n", o.out_path.c_str());
-            rc = 1;
-        }
-        if (f) fclose(f);
+    if (rc == 0 && !gate_write_f32(o, out)) {
+        rc = 1;
     }
 
     size_t n_nonfinite = 0;

@@ -130,3 +130,27 @@ static llama_context_params gate_context_params(const gate_opts & o) {
 #endif
     return cparams;
 }
+
+// the model of gate_opts with ngl layers offloaded; nullptr after a message when it does not load
+static llama_model * gate_load_model(const gate_opts & o, int ngl) {
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = ngl;
+    llama_model * model = llama_model_load_from_file(o.model_path.c_str(), mparams);
+    if (!model) {
+        fprintf(stderr, "error: failed to load %s\n", o.model_path.c_str());
+    }
+    return model;
+}
+
+// the logits as raw little-endian f32 into gate_opts' output; false after a message when it cannot be written
+static bool gate_write_f32(const gate_opts & o, const std::vector<float> & out) {
+    FILE * f = fopen(o.out_path.c_str(), "wb");
+    bool ok = f && fwrite(out.data(), sizeof(float), out.size(), f) == out.size();
+    if (f && fclose(f) != 0) {
+        ok = false;
+    }
+    if (!ok) {
+        fprintf(stderr, "error: cannot write %s\n", o.out_path.c_str());
+    }
+    return ok;
+}
