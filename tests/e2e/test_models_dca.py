@@ -319,6 +319,23 @@ def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa, ct):
                                   f"{e[True].argmax()} (without DCA: {e[False].max():.3g}; tolerance {tol:.3g})")
 
 
+def test_b_unified_cache_host_work_on_threads(runner, dca_exe, models_dir):
+    """Four identical sequences interleaved in one unified cache, 2 tokens of each per llama_decode call: every ubatch
+    is a stacked plan of the general layout (8 rows over every cell). With LLAMA_DCA_PAR_CELLS=0 llama.cpp's DCA input
+    does its host work on threads at any size (the keys per sequence, the regimes per group, the mask rows per token;
+    by default only from 131072 cells on): the logits are the same, bit for bit, as with that work on one thread, and
+    each sequence's are the single-sequence logits."""
+    m = model(models_dir, ARCHS[0])
+    kw = dict(fa=True, dca=True, n_seq=4, n_batch=8)
+    _, one_thread = runner.run(dca_exe, m, N_INV, env={"LLAMA_DCA_PAR_CELLS": str(1 << 40)}, **kw)
+    _, threads = runner.run(dca_exe, m, N_INV, env={"LLAMA_DCA_PAR_CELLS": "0"}, **kw)
+    _, alone = runner.run(dca_exe, m, N_INV, fa=True, dca=True)
+    assert np.isfinite(threads).all()
+    assert np.array_equal(threads, one_thread)
+    e = max(float(rel_err(threads[k], alone[0]).max()) for k in range(4))
+    assert e <= 1e-2, f"a sequence of four against itself alone: {e:.3g}"
+
+
 SHIFT_M, SHIFT_P, SHIFT_N = 100, 500, 700
 
 
