@@ -83,22 +83,24 @@ static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
         }
         return !missing;
     };
+    auto text  = [&](std::string & dst) { return value() && (dst = v, true); };
+    auto whole = [&](int & dst)         { return value() && (dst = std::stoi(v), true); };
     bool ok = true;
-    if      (a == "-m" || a == "--model")           { ok = value(); o.model_path = v; }
-    else if (a == "-o" || a == "--out")             { ok = value(); o.out_path = v; }
-    else if (a == "-c" || a == "--n-ctx")           { ok = value() && (o.n_ctx = std::stoi(v), true); }
-    else if (a == "-b" || a == "--n-batch")         { ok = value() && (o.n_batch = std::stoi(v), true); }
-    else if (a == "-ub" || a == "--n-ubatch")       { ok = value() && (o.n_ubatch = std::stoi(v), true); }
-    else if (a == "-fa" || a == "--flash-attn")     { ok = value() && parse_onoff(v, o.fa); }
-    else if (a == "-ctk" || a == "--cache-type-k")  { ok = value() && parse_type(v, o.ctk); }
-    else if (a == "-ctv" || a == "--cache-type-v")  { ok = value() && parse_type(v, o.ctv); }
-    else if (a == "-t" || a == "--threads")         { ok = value() && (o.threads = std::stoi(v), true); }
-    else if (a == "-v")                             { g_verbose = true; }
+    if      (a == "-m" || a == "--model")           ok = text(o.model_path);
+    else if (a == "-o" || a == "--out")             ok = text(o.out_path);
+    else if (a == "-c" || a == "--n-ctx")           ok = whole(o.n_ctx);
+    else if (a == "-b" || a == "--n-batch")         ok = whole(o.n_batch);
+    else if (a == "-ub" || a == "--n-ubatch")       ok = whole(o.n_ubatch);
+    else if (a == "-fa" || a == "--flash-attn")     ok = value() && parse_onoff(v, o.fa);
+    else if (a == "-ctk" || a == "--cache-type-k")  ok = value() && parse_type(v, o.ctk);
+    else if (a == "-ctv" || a == "--cache-type-v")  ok = value() && parse_type(v, o.ctv);
+    else if (a == "-t" || a == "--threads")         ok = whole(o.threads);
+    else if (a == "-v")                             g_verbose = true;
 #ifdef DCA
-    else if (a == "--dca")                          { ok = value() && parse_onoff(v, o.dca); }
-    else if (a == "--dca-chunk-size")               { ok = value() && (o.dca_chunk = std::stoi(v), true); }
-    else if (a == "--dca-local-size")               { ok = value() && (o.dca_local = std::stoi(v), true); }
-    else if (a == "--dca-yarn-factor")              { ok = value() && (o.dca_yarn = std::stof(v), true); }
+    else if (a == "--dca")                          ok = value() && parse_onoff(v, o.dca);
+    else if (a == "--dca-chunk-size")               ok = whole(o.dca_chunk);
+    else if (a == "--dca-local-size")               ok = whole(o.dca_local);
+    else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = std::stof(v), true);
 #endif
     else return 0;
     if (missing) {
