@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 vec2
 #   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -423,7 +423,10 @@ step_speed_smol() {
 # regimes stacked in one launch, the calls that keep every cell read zeros made on the device instead of a host mask),
 # dca-nofull (LLAMA_DCA_FULL=0: host masks for every call, run 7's default), dca-nofold (LLAMA_DCA_FOLD=0: run 6's
 # core), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at every ubatch, decode included, each a one-row
-# launch that CUDA gives its vector kernel); 1 sequence at 32k and 64k, and 4 x 16k in a unified cache, $ROUNDS rounds.
+# launch that CUDA gives its vector kernel), dca-repeat (LLAMA_DCA_BCAST=0: a single token's Q repeated into its regimes'
+# rows instead of read at a zero stride by the rope), dca-mma (GGML_CUDA_FA_LSE_VEC2=0: a single sequence's two stacked
+# decode rows on upstream's choice, the MMA kernel, instead of the vector kernel), dca-run9 (both: run 9's core);
+# 1 sequence at 32k and 64k, and 4 x 16k in a unified cache (SPEED_KVU=0 leaves it out), $ROUNDS rounds.
 # Run 7's "dca" ran those calls without any mask (since removed: CUDA then loses its GQA packing), its "dca-nofull" is
 # this step's dca-nofull, its "dca-base" this step's dca-nofold (bench/gpu/RESULTS.md, runs 7 and 8)
 SPEED_MODES=${SPEED_MODES:-"plain dca dca-nofull"}
@@ -432,6 +435,9 @@ mode_env() { # variant -> its environment
         dca-nofold) echo LLAMA_DCA_FOLD=0 ;;
         dca-nofull) echo LLAMA_DCA_FULL=0 ;;
         dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
+        dca-repeat) echo LLAMA_DCA_BCAST=0 ;;
+        dca-mma)    echo GGML_CUDA_FA_LSE_VEC2=0 ;;
+        dca-run9)   echo LLAMA_DCA_BCAST=0 GGML_CUDA_FA_LSE_VEC2=0 ;;
     esac
 }
 
@@ -446,6 +452,7 @@ step_speed_modes() { # 1 sequence at 32k and 64k, and 4 x 16k with unified KV, e
             bb_cell "$tsv" "$OUT/speed-smol/modes-$mode-$round.log" "$round" "$mode" 1 \
                 env $(mode_env "$mode") "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c 66048 -npp 32768,65536 -ntg 128 -npl 1
         done
+        [ "${SPEED_KVU:-1}" = 0 ] && continue
         for mode in $SPEED_MODES; do
             local extra=(); [[ $mode == dca* ]] && extra=("${dca[@]}")
             bb_cell "$tsv" "$OUT/speed-smol/modes-kvu-$mode-$round.log" "$round" "$mode" 4 \
@@ -567,6 +574,18 @@ step_mem_gemma() {
 
 step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 147/147 and 139/139 there)
     timeout 240 "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -3 "$OUT/test-dca-cuda.log"
+}
+
+step_vec2() { # run 10: a single sequence's decode (Q's row read at a zero stride by the rope, the two stacked rows on the
+    # vector kernel): the LSE op with two rows against the CPU, test-dca and its perf cases with and without the vector kernel
+    timeout 240 "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
+    echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -3
+    local v
+    for v in 1 0; do
+        GGML_CUDA_FA_LSE_VEC2=$v timeout 300 "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf-vec2-$v.log" 2>&1
+        echo "GGML_CUDA_FA_LSE_VEC2=$v test-dca perf -b CUDA0 rc=$?"
+        grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf-vec2-$v.log"
+    done
 }
 
 step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test-dca perf-inputs: the fast layout's
