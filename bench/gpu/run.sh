@@ -578,10 +578,13 @@ step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 14
 
 step_vec2() { # run 10: a single sequence's decode (Q's row read at a zero stride by the rope, the two stacked rows on the
     # vector kernel): the LSE op with two rows against the CPU, test-dca and its perf cases with and without the vector kernel
-    timeout 240 "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
-    echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -3
+    # (VEC2_OPS=0 skips the op's test, VEC2_SET lists the settings to run, default "1 0")
+    if [ "${VEC2_OPS:-1}" = 1 ]; then
+        timeout 240 "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
+        echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -3
+    fi
     local v
-    for v in 1 0; do
+    for v in ${VEC2_SET:-1 0}; do
         GGML_CUDA_FA_LSE_VEC2=$v timeout 300 "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf-vec2-$v.log" 2>&1
         echo "GGML_CUDA_FA_LSE_VEC2=$v test-dca perf -b CUDA0 rc=$?"
         grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf-vec2-$v.log"
