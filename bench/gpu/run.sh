@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 vec2
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells
 #   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -424,8 +424,8 @@ step_speed_smol() {
 # dca-nofull (LLAMA_DCA_FULL=0: host masks for every call, run 7's default), dca-nofold (LLAMA_DCA_FOLD=0: run 6's
 # core), dca-ranges (LLAMA_DCA_MODE=ranges: one launch per regime at every ubatch, decode included, each a one-row
 # launch that CUDA gives its vector kernel), dca-repeat (LLAMA_DCA_BCAST=0: a single token's Q repeated into its regimes'
-# rows instead of read at a zero stride by the rope), dca-mma (GGML_CUDA_FA_LSE_VEC2=0: a single sequence's two stacked
-# decode rows on upstream's choice, the MMA kernel, instead of the vector kernel), dca-run9 (both: run 9's core);
+# rows instead of read at a zero stride by the rope: run 9's core; run 10 also measured two stacked decode rows on CUDA's
+# vector kernel, slower than upstream's MMA choice, and removed it: RESULTS.md "Run 10");
 # 1 sequence at 32k and 64k, and 4 x 16k in a unified cache (SPEED_KVU=0 leaves it out), $ROUNDS rounds.
 # Run 7's "dca" ran those calls without any mask (since removed: CUDA then loses its GQA packing), its "dca-nofull" is
 # this step's dca-nofull, its "dca-base" this step's dca-nofold (bench/gpu/RESULTS.md, runs 7 and 8)
@@ -436,8 +436,6 @@ mode_env() { # variant -> its environment
         dca-nofull) echo LLAMA_DCA_FULL=0 ;;
         dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
         dca-repeat) echo LLAMA_DCA_BCAST=0 ;;
-        dca-mma)    echo GGML_CUDA_FA_LSE_VEC2=0 ;;
-        dca-run9)   echo LLAMA_DCA_BCAST=0 GGML_CUDA_FA_LSE_VEC2=0 ;;
     esac
 }
 
@@ -524,6 +522,13 @@ qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: 
 # attention work (14 x 64 x 24 layers against 9 x 64 x 30, ~1.25x) and DCA's run-5 prompt ratio (~0.4): per round ~13 s
 # plain + ~31 s DCA for 1 sequence, ~20 s for the four 4-sequence runs, ~6 s of loads: ~70 s a round, ROUNDS=2 ~140 s
 # plus ~10 s for the model on first use (not measured on the GPU: the first run's times replace this estimate)
+step_speed_smol_cells() { # SmolLM2 (S6w1, every layer DCA) in speed_cells' five cells: 1 sequence at 32k and 64k, 4 x 16k
+    # with per-sequence and with unified KV, $ROUNDS rounds (default 4)
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    speed_cells smol "$SMOL" 4 66048 32768,65536 "${dca[@]}"
+}
+
 step_speed_qwen05() {
     qwen05_model || return 1
     speed_cells qwen05 "$QWEN05" 2 131328 32768,65536,131072 "${QWEN05_DCA[@]}"
@@ -576,19 +581,12 @@ step_testdca() { # test-dca on CUDA alone (the ops are unchanged since run 5: 14
     timeout 240 "$BIN/test-dca" -b CUDA0 > "$OUT/test-dca-cuda.log" 2>&1; echo "test-dca -b CUDA0 rc=$?"; tail -3 "$OUT/test-dca-cuda.log"
 }
 
-step_vec2() { # run 10: a single sequence's decode (Q's row read at a zero stride by the rope, the two stacked rows on the
-    # vector kernel): the LSE op with two rows against the CPU, test-dca and its perf cases with and without the vector kernel
-    # (VEC2_OPS=0 skips the op's test, VEC2_SET lists the settings to run, default "1 0")
-    if [ "${VEC2_OPS:-1}" = 1 ]; then
-        timeout 240 "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
-        echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -3
-    fi
-    local v
-    for v in ${VEC2_SET:-1 0}; do
-        GGML_CUDA_FA_LSE_VEC2=$v timeout 300 "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf-vec2-$v.log" 2>&1
-        echo "GGML_CUDA_FA_LSE_VEC2=$v test-dca perf -b CUDA0 rc=$?"
-        grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf-vec2-$v.log"
-    done
+step_ops_perf() { # run 10: the LSE op against the CPU (two-row cases included), then test-dca on CUDA with its perf cases
+    # (the attention core alone: plain FA, one FA with the LSE output, DCA's calls and merge per shape and length)
+    timeout 240 "$BIN/test-backend-ops" -b CUDA0 -o FLASH_ATTN_EXT_LSE > "$OUT/ops-test.log" 2>&1
+    echo "test-backend-ops FLASH_ATTN_EXT_LSE rc=$?"; grep -E "tests passed|FAIL" "$OUT/ops-test.log" | tail -3
+    timeout 300 "$BIN/test-dca" perf -b CUDA0 > "$OUT/test-dca-perf.log" 2>&1; echo "test-dca perf -b CUDA0 rc=$?"
+    grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf.log"
 }
 
 step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test-dca perf-inputs: the fast layout's
