@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace
 #   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -589,6 +589,36 @@ step_ops_perf() { # run 10: the LSE op against the CPU (two-row cases included),
     grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf.log"
 }
 
+# per-kernel GPU time (bench/gpu/ktrace.cpp: CUPTI's kernel records, the GPU machine has no nsys) of plain and DCA in
+# llama-batched-bench: SmolLM2 S6w1 at a 32k prompt with 32 and with 160 generated tokens (the difference is 128 decode
+# steps), Qwen-shape (automatic sizes) at a 64k prompt; cleanroom/gpu/ktrace/ holds ktrace.so (built on the workstation:
+# g++ -O2 -shared -fPIC -o ktrace.so bench/gpu/ktrace.cpp -I$CUDA/include -L$CUDA/lib -lcupti -Wl,-rpath,'$ORIGIN')
+# and the toolkit's libcupti.so.13 beside it; one table per run in $OUT/ktrace/
+step_ktrace() {
+    local so=$PWD/cleanroom/gpu/ktrace/ktrace.so
+    [ -f "$so" ] || { echo "no $so: build it on the workstation and carry cleanroom/gpu/ktrace"; return 1; }
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    mkdir -p "$OUT/ktrace"
+    local mode ntg
+    for mode in plain dca; do
+        for ntg in 32 160; do
+            local extra=(); [ "$mode" = dca ] && extra=("${dca[@]}")
+            CUDA_INJECTION64_PATH=$so KTRACE_OUT="$OUT/ktrace/smol-$mode-tg$ntg.tsv" "$BIN/llama-batched-bench" \
+                "${SMOL_COMMON[@]}" "${extra[@]}" -c 33024 -npp 32768 -ntg "$ntg" -npl 1 > "$OUT/ktrace/smol-$mode-tg$ntg.log" 2>&1
+            echo "smol $mode ntg $ntg rc=$?: $(tail -1 "$OUT/ktrace/smol-$mode-tg$ntg.tsv" 2>/dev/null)"
+        done
+    done
+    [ "${KTRACE_QWEN:-1}" = 1 ] || return 0
+    qwen05_model || return 1
+    for mode in plain dca; do
+        local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
+        CUDA_INJECTION64_PATH=$so KTRACE_OUT="$OUT/ktrace/qwen05-$mode.tsv" "$BIN/llama-batched-bench" -m "$QWEN05" -ngl 99 \
+            -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1 > "$OUT/ktrace/qwen05-$mode.log" 2>&1
+        echo "qwen05 $mode rc=$?: $(tail -1 "$OUT/ktrace/qwen05-$mode.tsv" 2>/dev/null)"
+    done
+}
+
 step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test-dca perf-inputs: the fast layout's
     # prompt and decode, a unified cache's 4-sequence decode step on 1 and N threads)
     DCA_TEST_THREADS=${DCA_TEST_THREADS:-8} timeout 120 "$BIN/test-dca" perf-inputs > "$OUT/perf-inputs.log" 2>&1
@@ -772,7 +802,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem ktrace; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }
