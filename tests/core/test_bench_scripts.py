@@ -167,3 +167,60 @@ def test_passkey_jobs_lines() -> None:
                             "passkey_one t.tsv dca-S2w0.25 1300 65 40960 $(dca_cfg S2w0.25 4)"]
     only = run_sh_functions(("passkey_jobs",), "BASELINES=0 " + call).stdout.splitlines()
     assert len(only) == 20 and all(" dca-" in ln for ln in only)
+
+
+RUN10_KTRACE = ROOT / "bench" / "gpu" / "2026-12-02-run10" / "ktrace"
+KTRACE_DIFF = ROOT / "bench" / "gpu" / "ktrace_diff.py"
+
+
+def ktrace_diff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(KTRACE_DIFF), *args], cwd=RUN10_KTRACE, check=False,
+                          capture_output=True, text=True)
+
+
+def test_ktrace_diff_of_run10_gives_the_figures_quoted() -> None:
+    """RESULTS.md's run-10 kernel profile is what ktrace_diff.py makes of the committed ktrace tables."""
+    prompt = ktrace_diff("smol-plain-tg32.tsv", "smol-dca-tg32.tsv")
+    assert prompt.returncode == 0, prompt.stderr
+    assert prompt.stdout.splitlines()[0] == "total plain 815.4 ms, dca 846.4 ms, ratio 1.038"
+    rows = {ln.split("\t")[-1]: ln.split("\t") for ln in prompt.stdout.splitlines()[2:]}
+    fixup = rows["flash_attn_stream_k_fixup_general<64, 16, 4>"]
+    assert (int(fixup[1]), int(fixup[3])) == (1920, 3840)          # one stream-k fixup per flash attention call
+    decode = ktrace_diff("smol-plain-tg160.tsv", "smol-dca-tg160.tsv", "--minus", "smol-plain-tg32.tsv",
+                         "smol-dca-tg32.tsv", "--rows", "10")
+    assert decode.stdout.splitlines()[0] == "total plain 380.6 ms, dca 246.7 ms, ratio 0.648"
+    # 128 decode steps x 30 layers: DCA's one merge per layer and step
+    assert "\t3840\t8.21\tk_fattn_lse_merge<2>" in decode.stdout
+    # and no repeat of Q (one token: Q's row at a zero stride): the one repeat left runs once per step (the device
+    # mask's cell indices), not once per layer
+    every = ktrace_diff("smol-plain-tg160.tsv", "smol-dca-tg160.tsv", "--minus", "smol-plain-tg32.tsv",
+                        "smol-dca-tg32.tsv", "--rows", "1000")
+    repeats = [ln.split("\t") for ln in every.stdout.splitlines() if "op_repeat" in ln]
+    assert [int(r[3]) for r in repeats] == [128]
+    qwen = ktrace_diff("qwen05-plain.tsv", "qwen05-dca.tsv")
+    assert qwen.stdout.splitlines()[0] == "total plain 1513.5 ms, dca 1645.3 ms, ratio 1.087"
+    for f in ("diff-smol-prompt.txt", "diff-smol-decode.txt", "diff-qwen05-prompt.txt"):
+        assert (RUN10_KTRACE / f).read_text() in (prompt.stdout, decode.stdout, qwen.stdout)
+
+
+def test_ktrace_diff_refuses_what_is_not_a_table(tmp_path: Path) -> None:
+    bad = tmp_path / "x.tsv"
+    bad.write_text("launches\ttotal_us\tmean_us\tkernel\n")
+    r = ktrace_diff(str(bad), str(bad))
+    assert r.returncode == 2 and "no kernel rows" in r.stderr
+
+
+@pytest.mark.skipif(not Path("/usr/local/cuda/include/cupti.h").exists(), reason="no CUPTI headers (CUDA toolkit)")
+def test_ktrace_compiles_against_cupti(tmp_path: Path) -> None:
+    """The tracer carried to the GPU machine builds here with the toolkit's CUPTI and exports the injection entry."""
+    so = tmp_path / "ktrace.so"
+    cuda = Path("/usr/local/cuda")
+    libdir = next((d for d in (cuda / "lib64", cuda / "lib") if (d / "libcupti.so").exists()), None)
+    if libdir is None:
+        pytest.skip("no libcupti.so in the CUDA toolkit")
+    r = subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(so),
+                        str(ROOT / "bench" / "gpu" / "ktrace.cpp"), f"-I{cuda / 'include'}", f"-L{libdir}", "-lcupti"],
+                       check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(so)], check=True, capture_output=True, text=True)
+    assert " T InitializeInjection" in nm.stdout
