@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace
+#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace timeline
 #   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -426,6 +426,8 @@ step_speed_smol() {
 # launch that CUDA gives its vector kernel), dca-repeat (LLAMA_DCA_BCAST=0: a single token's Q repeated into its regimes'
 # rows instead of read at a zero stride by the rope: run 9's core; run 10 also measured two stacked decode rows on CUDA's
 # vector kernel, slower than upstream's MMA choice, and removed it: RESULTS.md "Run 10");
+# dca-nohw (LLAMA_DCA_MASK_HW=0: the mask input sized by each plan alone, so it grows with every prompt ubatch of a
+# chunk and the scheduler re-reserves, waiting for the GPU: run 10's prompt path, RESULTS.md "Run 11");
 # 1 sequence at 32k and 64k, and 4 x 16k in a unified cache (SPEED_KVU=0 leaves it out), $ROUNDS rounds.
 # Run 7's "dca" ran those calls without any mask (since removed: CUDA then loses its GQA packing), its "dca-nofull" is
 # this step's dca-nofull, its "dca-base" this step's dca-nofold (bench/gpu/RESULTS.md, runs 7 and 8)
@@ -436,6 +438,7 @@ mode_env() { # variant -> its environment
         dca-nofull) echo LLAMA_DCA_FULL=0 ;;
         dca-ranges) echo LLAMA_DCA_MODE=ranges ;;
         dca-repeat) echo LLAMA_DCA_BCAST=0 ;;
+        dca-nohw) echo LLAMA_DCA_MASK_HW=0 ;;
     esac
 }
 
@@ -617,6 +620,46 @@ step_ktrace() {
             -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1 > "$OUT/ktrace/qwen05-$mode.log" 2>&1
         echo "qwen05 $mode rc=$?: $(tail -1 "$OUT/ktrace/qwen05-$mode.tsv" 2>/dev/null)"
     done
+}
+
+# where the wall time goes while the GPU is idle (bench/gpu/ktrace.cpp with KTRACE_TIMELINE: kernels, copies and the
+# host's CUDA runtime calls in time order; bench/gpu/ktrace_timeline.py cuts the run at each logits copy and compares
+# plain with DCA): SmolLM2 S6w1 at 32k and 64k prompts with 64 generated tokens, Qwen-shape at a 64k prompt with 32;
+# one comparison per pair in $OUT/timeline/, the SmolLM2 32k timelines gzipped beside them
+step_timeline() {
+    local so=$PWD/cleanroom/gpu/ktrace/ktrace.so
+    [ -f "$so" ] || { echo "no $so: build it on the workstation and carry cleanroom/gpu/ktrace"; return 1; }
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    local tl=~/llb/timeline; mkdir -p "$tl" "$OUT/timeline"
+    local mode n
+    for n in 32768 65536; do
+        for mode in plain dca; do
+            local extra=(); [ "$mode" = dca ] && extra=("${dca[@]}")
+            local tag=smol-$mode-$((n / 1024))k
+            CUDA_INJECTION64_PATH=$so KTRACE_OUT="$tl/$tag-kernels.tsv" KTRACE_TIMELINE="$tl/$tag.tsv" \
+                "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c $((n + 256)) -npp "$n" -ntg 64 -npl 1 \
+                > "$OUT/timeline/$tag.log" 2>&1
+            echo "$tag rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/$tag.log")"
+        done
+        python3 bench/gpu/ktrace_timeline.py "$tl/smol-plain-$((n / 1024))k.tsv" "$tl/smol-dca-$((n / 1024))k.tsv" \
+            > "$OUT/timeline/smol-$((n / 1024))k.txt" 2>&1
+        cat "$OUT/timeline/smol-$((n / 1024))k.txt"
+    done
+    gzip -c "$tl/smol-plain-32k.tsv" > "$OUT/timeline/smol-plain-32k.tsv.gz"
+    gzip -c "$tl/smol-dca-32k.tsv" > "$OUT/timeline/smol-dca-32k.tsv.gz"
+    [ "${KTRACE_QWEN:-1}" = 1 ] || return 0
+    qwen05_model || return 1
+    for mode in plain dca; do
+        local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
+        CUDA_INJECTION64_PATH=$so KTRACE_OUT="$tl/qwen05-$mode-kernels.tsv" KTRACE_TIMELINE="$tl/qwen05-$mode.tsv" \
+            "$BIN/llama-batched-bench" -m "$QWEN05" -ngl 99 -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 \
+            -ntg 32 -npl 1 > "$OUT/timeline/qwen05-$mode.log" 2>&1
+        echo "qwen05 $mode rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/qwen05-$mode.log")"
+    done
+    # the qwen2-shaped model has a 258-token vocabulary: its logits copy is 1032 bytes
+    python3 bench/gpu/ktrace_timeline.py "$tl/qwen05-plain.tsv" "$tl/qwen05-dca.tsv" --min-out 1024 > "$OUT/timeline/qwen05-64k.txt" 2>&1
+    cat "$OUT/timeline/qwen05-64k.txt"
 }
 
 step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test-dca perf-inputs: the fast layout's
@@ -802,7 +845,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem ktrace; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem ktrace timeline; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }
