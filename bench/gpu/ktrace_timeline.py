@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a run's wall time goes when the GPU is idle, from bench/gpu/ktrace.cpp's timeline (KTRACE_TIMELINE).
 
-    python bench/gpu/ktrace_timeline.py PLAIN.tsv DCA.tsv [--skip N] [--min-out BYTES]
+    python bench/gpu/ktrace_timeline.py PLAIN.tsv DCA.tsv [--skip N] [--min-out BYTES] [--ubatch N] [--kernels N]
 
 Each llama_decode that returns logits ends with one device-to-host copy of them; those copies (at least --min-out
 bytes) cut the run into steps. llama-batched-bench's prompt returns the first of them; it begins with its first
@@ -15,6 +15,10 @@ mean decode step, both runs side by side:
   graph launch), inside another runtime call, or in none (its own work: graph building, inputs, scheduling);
 - idle gaps by length (a launch-bound host leaves many short gaps, a per-ubatch pause a few long ones);
 - the host's runtime calls: how many, and the time inside them.
+
+--kernels N adds the decode step's GPU time per kernel name, the N largest differences first: each kernel counts the
+part of its span that no earlier kernel covers (with programmatic dependent launch and CUDA graphs, spans overlap,
+and their plain sum is not GPU time; these parts add up to the step's GPU busy time less its copies).
 """
 
 from __future__ import annotations
@@ -201,6 +205,36 @@ def mean(label: str, steps: list[Step]) -> Summary:
     )
 
 
+def kernel_time(events: list[Event], steps: list[Step]) -> dict[str, float]:
+    """Mean microseconds per step of each kernel name's span not covered by an earlier kernel."""
+    acc: dict[str, float] = {}
+    ks = sorted((e.start, e.end, e.name) for e in events if e.type == "k")
+    starts = [k[0] for k in ks]
+    for st in steps:
+        cur = st.start
+        for a, b, name in ks[bisect.bisect_left(starts, st.start):bisect.bisect_left(starts, st.end)]:
+            lo = max(a, cur)
+            if b > lo:
+                acc[name] = acc.get(name, 0.0) + (b - lo) / 1e3
+                cur = b
+    return {k: v / max(1, len(steps)) for k, v in acc.items()}
+
+
+def kernels_report(plain: Path, dca: Path, skip: int, min_out: int, ubatch: int, n: int) -> str:
+    tables = []
+    for path in (plain, dca):
+        events = load(path)
+        steps = steps_of(events, min_out, ubatch)
+        tables.append(kernel_time(events, steps[1 + skip:]))
+    a, b = tables
+    names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, 0.0) - a.get(k, 0.0)), k))
+    lines = ["", f"decode step, GPU time per kernel (us, not covered by an earlier kernel): plain {sum(a.values()):.1f}, "
+             f"dca {sum(b.values()):.1f}", "dca - plain\tplain\tdca\tkernel"]
+    for k in names[:n]:
+        lines.append(f"{b.get(k, 0.0) - a.get(k, 0.0):+.1f}\t{a.get(k, 0.0):.1f}\t{b.get(k, 0.0):.1f}\t{k}")
+    return "\n".join(lines) + "\n"
+
+
 def phases(path: Path, skip: int, min_out: int, ubatch: int) -> tuple[Summary, Summary]:
     events = load(path)
     steps = steps_of(events, min_out, ubatch)
@@ -242,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", type=int, default=3, help="decode steps left out after the prompt (CUDA graph warm-up)")
     ap.add_argument("--min-out", type=int, default=16384, help="smallest device-to-host copy that ends a step (bytes)")
     ap.add_argument("--ubatch", type=int, default=512, help="the run's -ub (its prompt uploads 4 x ubatch bytes of ids)")
+    ap.add_argument("--kernels", type=int, default=0, help="also the decode step's time per kernel, N rows")
     args = ap.parse_args(argv)
     try:
         sys.stdout.write(report(args.plain, args.dca, args.skip, args.min_out, args.ubatch))
+        if args.kernels > 0:
+            sys.stdout.write(kernels_report(args.plain, args.dca, args.skip, args.min_out, args.ubatch, args.kernels))
     except (OSError, ValueError) as e:
         print(f"ktrace_timeline: {e}", file=sys.stderr)
         return 2

@@ -642,7 +642,7 @@ step_timeline() {
                 > "$OUT/timeline/$tag.log" 2>&1
             echo "$tag rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/$tag.log")"
         done
-        python3 bench/gpu/ktrace_timeline.py "$tl/smol-plain-$((n / 1024))k.tsv" "$tl/smol-dca-$((n / 1024))k.tsv" \
+        python3 bench/gpu/ktrace_timeline.py "$tl/smol-plain-$((n / 1024))k.tsv" "$tl/smol-dca-$((n / 1024))k.tsv" --kernels 8 \
             > "$OUT/timeline/smol-$((n / 1024))k.txt" 2>&1
         cat "$OUT/timeline/smol-$((n / 1024))k.txt"
     done
