@@ -224,3 +224,131 @@ def test_ktrace_compiles_against_cupti(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     nm = subprocess.run(["nm", "-D", "--defined-only", str(so)], check=True, capture_output=True, text=True)
     assert " T InitializeInjection" in nm.stdout
+
+
+RUN11 = ROOT / "bench" / "gpu" / "2026-12-03-run11"
+KTRACE_TIMELINE = ROOT / "bench" / "gpu" / "ktrace_timeline.py"
+
+
+def ratios_of(tsv_text: str, tmp_path: Path) -> dict[tuple[str, str, str], tuple[str, str]]:
+    tsv = tmp_path / "speed.tsv"
+    tsv.write_text(tsv_text)
+    r = run_sh_functions(("speed_smol_ratios",), 'speed_smol_ratios "$1"', str(tsv))
+    assert r.returncode == 0, r.stderr
+    return {tuple(ln.split()[:3]): tuple(ln.split()[3:5]) for ln in r.stdout.splitlines() if ln[:1].isdigit()}
+
+
+def test_run11_speed_tables_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-11 table is what run.sh's own ratio function makes of the committed tables: SmolLM2 over the
+    4 rounds of speed_smol_cells and the plain/dca rounds of speed_modes, Qwen-shape over both speed_qwen05 calls."""
+    smol = (RUN11 / "speed-smol-s2.tsv").read_text()
+    modes = (RUN11 / "speed-modes-s2.tsv").read_text().splitlines()
+    smol += "\n".join(ln for ln in modes[1:] if ln.split("\t")[1] in ("plain", "dca")) + "\n"
+    s = ratios_of(smol, tmp_path)
+    assert s[("1", "32768", "plain")] == ("0.908", "0.983")
+    assert s[("1", "65536", "plain")] == ("0.953", "1.098")
+    assert s[("4", "16384", "plain")] == ("0.913", "0.962")
+    assert s[("4", "16384", "plain-kvu")] == ("1.423", "0.843")
+    qwen = (RUN11 / "speed-qwen05-s2a.tsv").read_text()
+    qwen += "".join((RUN11 / "speed-qwen05-s2b.tsv").read_text().splitlines(keepends=True)[1:])
+    q = ratios_of(qwen, tmp_path)
+    assert q[("1", "32768", "plain")] == ("0.899", "1.061")
+    assert q[("1", "65536", "plain")] == ("0.933", "1.082")
+    assert q[("1", "131072", "plain")] == ("0.975", "1.073")
+    assert q[("4", "16384", "plain")] == ("0.924", "0.967")
+    assert q[("4", "16384", "plain-kvu")] == ("1.514", "0.880")
+    # the same-round A/B of the kept mask size (speed_modes' own ratio file)
+    ab = (RUN11 / "speed-modes-s2-ratios.txt").read_text()
+    assert "dca:        1      32768   plain            0.916        0.998" in ab
+    assert "dca-nohw:   1      32768   plain            0.878        0.991" in ab
+    text = (ROOT / "bench" / "gpu" / "RESULTS.md").read_text()
+    for quoted in ("**0.908 / 0.983**", "**0.953 / 1.098**", "**0.899** / **1.061**", "**0.975 / 1.073**",
+                   "prompt 0.916 / 0.953 at 32k /\n64k with the kept mask against 0.878 / 0.914"):
+        assert quoted in text
+
+
+def timeline_rows(path: Path) -> dict[str, list[str]]:
+    """The prompt's rows (first block) and the decode kernels' rows of a ktrace_timeline report, by name."""
+    rows: dict[str, list[str]] = {}
+    for ln in path.read_text().splitlines():
+        parts = ln.split("\t")
+        if len(parts) == 4:
+            rows.setdefault(parts[3] if parts[0][:1] in ("+", "-") else parts[0], parts)
+    return rows
+
+
+def test_run11_timelines_give_the_figures_quoted() -> None:
+    s1 = timeline_rows(RUN11 / "timeline-s1-smol-32k.txt")
+    assert s1["wall"][1:3] == ["845901.1", "940839.6"]
+    assert s1["GPU idle"][1:3] == ["111313.1", "160765.6"]
+    assert s1["idle gaps >= 500 us: count"][1:3] == ["19.0", "68.0"]
+    assert s1["flash_attn_stream_k_fixup_uniform<64, 2, 4>"][2] == "248.5"
+    s2 = timeline_rows(RUN11 / "timeline-s2-smol-32k.txt")
+    assert s2["flash_attn_lse_fixup_uniform<64, 2, 4>"][2] == "99.7"
+    assert "flash_attn_stream_k_fixup_uniform<64, 2, 4>" not in s2    # the LSE calls no longer run upstream's fixup
+    text = (ROOT / "bench" / "gpu" / "RESULTS.md").read_text()
+    for quoted in ("| wall | 845.9 ms | 940.8 ms | +94.9 ms |", "(**248.5**)", "the fixup 99.7 us a step (**2.5x** less)"):
+        assert quoted in text
+
+
+def write_timeline(path: Path, rows: list[tuple[str, int, int, int, str]]) -> None:
+    path.write_text("type\tstart_ns\tend_ns\textra\tname\n" + "".join(f"{t}\t{a}\t{b}\t{x}\t{n}\n" for t, a, b, x, n in rows))
+
+
+def test_ktrace_timeline_cuts_and_attributes(tmp_path: Path) -> None:
+    """A hand-made timeline: a warm-up, a prompt of two 4-token ubatches, three decode steps. The prompt starts at its
+    first upload of 4 x ubatch bytes of token ids and ends at the first logits copy; the GPU's busy time counts
+    overlapping kernels once; each idle microsecond goes to what the host was doing then."""
+    us = 1000
+    rows = [
+        ("k", 0, 50 * us, 0, "warmup"),                      # before the prompt: left out
+        ("m", 100 * us, 101 * us, 16, "HtoD"),                # ubatch 1's ids (4 x 4 bytes): the prompt starts here
+        ("k", 102 * us, 200 * us, 0, "attn"),
+        ("k", 150 * us, 210 * us, 0, "ffn"),                  # overlaps attn: busy 102..210 once
+        ("r", 210 * us, 240 * us, 1, "cudaStreamSynchronize_v3020"),  # idle 210..250: 30 us in a sync,
+        ("r", 245 * us, 250 * us, 2, "cudaLaunchKernel_v7000"),       # 5 us in a launch, 5 us in no call
+        ("m", 250 * us, 251 * us, 16, "HtoD"),                # ubatch 2's ids
+        ("k", 251 * us, 400 * us, 0, "attn"),
+        ("m", 400 * us, 402 * us, 1024, "DtoH"),              # the prompt's logits: the prompt ends at 402
+        ("k", 410 * us, 420 * us, 5, "attn"),                 # decode step 1: 402..422
+        ("m", 420 * us, 422 * us, 1024, "DtoH"),
+        ("k", 430 * us, 436 * us, 5, "attn"),                 # decode step 2: 422..442
+        ("k", 436 * us, 438 * us, 5, "fixup"),
+        ("m", 440 * us, 442 * us, 1024, "DtoH"),
+        ("k", 450 * us, 460 * us, 5, "attn"),                 # decode step 3: 442..462
+        ("m", 460 * us, 462 * us, 1024, "DtoH"),
+    ]
+    a = tmp_path / "a.tsv"
+    write_timeline(a, rows)
+    r = subprocess.run([sys.executable, str(KTRACE_TIMELINE), str(a), str(a), "--skip", "1", "--min-out", "1000",
+                        "--ubatch", "4", "--kernels", "5"], check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    blocks = r.stdout.split("\n\n")
+    prompt = {ln.split("\t")[0]: ln.split("\t")[1] for ln in blocks[1].splitlines()[1:]}
+    assert prompt["wall"] == "302.0"                         # 100..402
+    assert prompt["GPU busy"] == "261.0"                     # 100..101, 102..210, 250..400 (adjacent spans join), 400..402
+    assert prompt["GPU idle"] == "41.0"                      # 101..102 and 210..250
+    assert prompt["  host in a synchronisation"] == "30.0"
+    assert prompt["  host in a launch call"] == "5.0"
+    assert prompt["  host in no runtime call"] == "6.0"      # 101..102 and 240..245
+    assert prompt["longest idle gap"] == "40.0"
+    assert prompt["kernels"] == "3.0"
+    decode = {ln.split("\t")[0]: ln.split("\t")[1] for ln in blocks[2].splitlines()[1:]}
+    assert decode["wall"] == "20.0" and decode["kernels"] == "1.5"   # steps 2 and 3 (step 1 skipped)
+    assert decode["GPU busy"] == "11.0"                      # step 2: 430..438 + its copy 2, step 3: 10 + 2
+    # per kernel, what no earlier kernel covers: attn 6 and 10, fixup 2 and 0, per step
+    kern = {ln.split("\t")[3]: ln.split("\t")[2] for ln in blocks[3].splitlines()[2:]}
+    assert kern == {"attn": "8.0", "fixup": "1.0"}
+
+
+def test_ktrace_timeline_refuses_what_is_not_a_timeline(tmp_path: Path) -> None:
+    bad = tmp_path / "x.tsv"
+    bad.write_text("launches\ttotal_us\tmean_us\tkernel\n")
+    r = subprocess.run([sys.executable, str(KTRACE_TIMELINE), str(bad), str(bad)], check=False, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "not a ktrace timeline" in r.stderr
+    none = tmp_path / "y.tsv"
+    write_timeline(none, [("k", 0, 10, 0, "a"), ("m", 10, 11, 64, "DtoH"), ("m", 20, 21, 64, "DtoH")])
+    r = subprocess.run([sys.executable, str(KTRACE_TIMELINE), str(none), str(none)], check=False, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "fewer than two logits copies" in r.stderr
