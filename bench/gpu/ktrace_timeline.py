@@ -205,6 +205,21 @@ def mean(label: str, steps: list[Step]) -> Summary:
     )
 
 
+@dataclass
+class Run:
+    name: str
+    events: list[Event]
+    steps: list[Step]  # the prompt, then the decode steps, measured
+
+
+def open_run(path: Path, min_out: int, ubatch: int) -> Run:
+    """One timeline, read, cut and measured once for every report."""
+    events = load(path)
+    steps = steps_of(events, min_out, ubatch)
+    measure(events, steps)
+    return Run(path.name, events, steps)
+
+
 def kernel_time(events: list[Event], steps: list[Step]) -> dict[str, float]:
     """Mean microseconds per step of each kernel name's span not covered by an earlier kernel."""
     acc: dict[str, float] = {}
@@ -220,13 +235,8 @@ def kernel_time(events: list[Event], steps: list[Step]) -> dict[str, float]:
     return {k: v / max(1, len(steps)) for k, v in acc.items()}
 
 
-def kernels_report(plain: Path, dca: Path, skip: int, min_out: int, ubatch: int, n: int) -> str:
-    tables = []
-    for path in (plain, dca):
-        events = load(path)
-        steps = steps_of(events, min_out, ubatch)
-        tables.append(kernel_time(events, steps[1 + skip:]))
-    a, b = tables
+def kernels_report(a_run: Run, b_run: Run, skip: int, n: int) -> str:
+    a, b = (kernel_time(r.events, r.steps[1 + skip:]) for r in (a_run, b_run))
     names = sorted(set(a) | set(b), key=lambda k: (-abs(b.get(k, 0.0) - a.get(k, 0.0)), k))
     lines = ["", f"decode step, GPU time per kernel (us, not covered by an earlier kernel): plain {sum(a.values()):.1f}, "
              f"dca {sum(b.values()):.1f}", "dca - plain\tplain\tdca\tkernel"]
@@ -235,11 +245,8 @@ def kernels_report(plain: Path, dca: Path, skip: int, min_out: int, ubatch: int,
     return "\n".join(lines) + "\n"
 
 
-def phases(path: Path, skip: int, min_out: int, ubatch: int) -> tuple[Summary, Summary]:
-    events = load(path)
-    steps = steps_of(events, min_out, ubatch)
-    measure(events, steps)
-    return mean("prompt", steps[:1]), mean("decode step", steps[1 + skip:])
+def phases(run: Run, skip: int) -> tuple[Summary, Summary]:
+    return mean("prompt", run.steps[:1]), mean("decode step", run.steps[1 + skip:])
 
 
 def rows(s: Summary) -> list[tuple[str, float]]:
@@ -257,10 +264,10 @@ def rows(s: Summary) -> list[tuple[str, float]]:
     return out
 
 
-def report(plain: Path, dca: Path, skip: int, min_out: int, ubatch: int) -> str:
-    a = phases(plain, skip, min_out, ubatch)
-    b = phases(dca, skip, min_out, ubatch)
-    lines = [f"plain: {plain.name}   dca: {dca.name}   (microseconds and counts; decode: the mean step)"]
+def report(a_run: Run, b_run: Run, skip: int) -> str:
+    a = phases(a_run, skip)
+    b = phases(b_run, skip)
+    lines = [f"plain: {a_run.name}   dca: {b_run.name}   (microseconds and counts; decode: the mean step)"]
     for sa, sb in zip(a, b, strict=True):
         lines.append("")
         lines.append(f"{sa.label} (plain {sa.n} step(s), dca {sb.n})\tplain\tdca\tdca - plain")
@@ -279,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", type=int, default=0, help="also the decode step's time per kernel, N rows")
     args = ap.parse_args(argv)
     try:
-        sys.stdout.write(report(args.plain, args.dca, args.skip, args.min_out, args.ubatch))
+        plain = open_run(args.plain, args.min_out, args.ubatch)
+        dca = open_run(args.dca, args.min_out, args.ubatch)
+        sys.stdout.write(report(plain, dca, args.skip))
         if args.kernels > 0:
-            sys.stdout.write(kernels_report(args.plain, args.dca, args.skip, args.min_out, args.ubatch, args.kernels))
+            sys.stdout.write(kernels_report(plain, dca, args.skip, args.kernels))
     except (OSError, ValueError) as e:
         print(f"ktrace_timeline: {e}", file=sys.stderr)
         return 2
