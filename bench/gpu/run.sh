@@ -592,23 +592,37 @@ step_ops_perf() { # run 10: the LSE op against the CPU (two-row cases included),
     grep -E "cases passed|^perf: .*ubatch    1:" "$OUT/test-dca-perf.log"
 }
 
-# per-kernel GPU time (bench/gpu/ktrace.cpp: CUPTI's kernel records, the GPU machine has no nsys) of plain and DCA in
-# llama-batched-bench: SmolLM2 S6w1 at a 32k prompt with 32 and with 160 generated tokens (the difference is 128 decode
-# steps), Qwen-shape (automatic sizes) at a 64k prompt; cleanroom/gpu/ktrace/ holds ktrace.so (built on the workstation:
-# g++ -O2 -shared -fPIC -o ktrace.so bench/gpu/ktrace.cpp -I$CUDA/include -L$CUDA/lib -lcupti -Wl,-rpath,'$ORIGIN')
-# and the toolkit's libcupti.so.13 beside it; one table per run in $OUT/ktrace/
-step_ktrace() {
-    local so=$PWD/cleanroom/gpu/ktrace/ktrace.so
-    [ -f "$so" ] || { echo "no $so: build it on the workstation and carry cleanroom/gpu/ktrace"; return 1; }
+# one llama-batched-bench run under bench/gpu/ktrace.cpp (cleanroom/gpu/ktrace/ktrace.so: CUPTI's records, the GPU
+# machine has no nsys): its per-kernel table to KERNELS, its timeline to TIMELINE (KTRACE_TIMELINE; "" for none), its
+# output to LOG; ktrace.so is built on the workstation:
+# g++ -O2 -shared -fPIC -o ktrace.so bench/gpu/ktrace.cpp -I$CUDA/include -L$CUDA/lib -lcupti -Wl,-rpath,'$ORIGIN'
+# and carried with the toolkit's libcupti.so.13 beside it
+KTRACE_SO=$PWD/cleanroom/gpu/ktrace/ktrace.so
+QWEN05_BB=(-ngl 99 -fa on -b 2048 -ub 512)   # the traced Qwen-shape runs (with -m "$QWEN05")
+ktrace_bb() { # kernels.tsv timeline.tsv|"" log llama-batched-bench-args...
+    local kernels=$1 timeline=$2 log=$3; shift 3
+    CUDA_INJECTION64_PATH=$KTRACE_SO KTRACE_OUT="$kernels" KTRACE_TIMELINE="$timeline" "$BIN/llama-batched-bench" "$@" \
+        > "$log" 2>&1
+}
+
+ktrace_ready() { # the tracer and SmolLM2 are there
+    [ -f "$KTRACE_SO" ] || { echo "no $KTRACE_SO: build it on the workstation and carry cleanroom/gpu/ktrace"; return 1; }
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+}
+
+# per-kernel GPU time of plain and DCA in llama-batched-bench: SmolLM2 S6w1 at a 32k prompt with 32 and with 160
+# generated tokens (the difference is 128 decode steps), Qwen-shape (automatic sizes) at a 64k prompt; one table per
+# run in $OUT/ktrace/
+step_ktrace() {
+    ktrace_ready || return 1
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     mkdir -p "$OUT/ktrace"
     local mode ntg
     for mode in plain dca; do
         for ntg in 32 160; do
             local extra=(); [ "$mode" = dca ] && extra=("${dca[@]}")
-            CUDA_INJECTION64_PATH=$so KTRACE_OUT="$OUT/ktrace/smol-$mode-tg$ntg.tsv" "$BIN/llama-batched-bench" \
-                "${SMOL_COMMON[@]}" "${extra[@]}" -c 33024 -npp 32768 -ntg "$ntg" -npl 1 > "$OUT/ktrace/smol-$mode-tg$ntg.log" 2>&1
+            ktrace_bb "$OUT/ktrace/smol-$mode-tg$ntg.tsv" "" "$OUT/ktrace/smol-$mode-tg$ntg.log" \
+                "${SMOL_COMMON[@]}" "${extra[@]}" -c 33024 -npp 32768 -ntg "$ntg" -npl 1
             echo "smol $mode ntg $ntg rc=$?: $(tail -1 "$OUT/ktrace/smol-$mode-tg$ntg.tsv" 2>/dev/null)"
         done
     done
@@ -616,8 +630,8 @@ step_ktrace() {
     qwen05_model || return 1
     for mode in plain dca; do
         local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
-        CUDA_INJECTION64_PATH=$so KTRACE_OUT="$OUT/ktrace/qwen05-$mode.tsv" "$BIN/llama-batched-bench" -m "$QWEN05" -ngl 99 \
-            -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1 > "$OUT/ktrace/qwen05-$mode.log" 2>&1
+        ktrace_bb "$OUT/ktrace/qwen05-$mode.tsv" "" "$OUT/ktrace/qwen05-$mode.log" \
+            -m "$QWEN05" "${QWEN05_BB[@]}" "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1
         echo "qwen05 $mode rc=$?: $(tail -1 "$OUT/ktrace/qwen05-$mode.tsv" 2>/dev/null)"
     done
 }
@@ -627,9 +641,7 @@ step_ktrace() {
 # plain with DCA): SmolLM2 S6w1 at 32k and 64k prompts with 64 generated tokens, Qwen-shape at a 64k prompt with 32;
 # one comparison per pair in $OUT/timeline/, the SmolLM2 32k timelines gzipped beside them
 step_timeline() {
-    local so=$PWD/cleanroom/gpu/ktrace/ktrace.so
-    [ -f "$so" ] || { echo "no $so: build it on the workstation and carry cleanroom/gpu/ktrace"; return 1; }
-    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    ktrace_ready || return 1
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     local tl=~/llb/timeline; mkdir -p "$tl" "$OUT/timeline"
     local mode n
@@ -637,9 +649,8 @@ step_timeline() {
         for mode in plain dca; do
             local extra=(); [ "$mode" = dca ] && extra=("${dca[@]}")
             local tag=smol-$mode-$((n / 1024))k
-            CUDA_INJECTION64_PATH=$so KTRACE_OUT="$tl/$tag-kernels.tsv" KTRACE_TIMELINE="$tl/$tag.tsv" \
-                "$BIN/llama-batched-bench" "${SMOL_COMMON[@]}" "${extra[@]}" -c $((n + 256)) -npp "$n" -ntg 64 -npl 1 \
-                > "$OUT/timeline/$tag.log" 2>&1
+            ktrace_bb "$tl/$tag-kernels.tsv" "$tl/$tag.tsv" "$OUT/timeline/$tag.log" \
+                "${SMOL_COMMON[@]}" "${extra[@]}" -c $((n + 256)) -npp "$n" -ntg 64 -npl 1
             echo "$tag rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/$tag.log")"
         done
         python3 bench/gpu/ktrace_timeline.py "$tl/smol-plain-$((n / 1024))k.tsv" "$tl/smol-dca-$((n / 1024))k.tsv" --kernels 8 \
@@ -652,9 +663,8 @@ step_timeline() {
     qwen05_model || return 1
     for mode in plain dca; do
         local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
-        CUDA_INJECTION64_PATH=$so KTRACE_OUT="$tl/qwen05-$mode-kernels.tsv" KTRACE_TIMELINE="$tl/qwen05-$mode.tsv" \
-            "$BIN/llama-batched-bench" -m "$QWEN05" -ngl 99 -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 \
-            -ntg 32 -npl 1 > "$OUT/timeline/qwen05-$mode.log" 2>&1
+        ktrace_bb "$tl/qwen05-$mode-kernels.tsv" "$tl/qwen05-$mode.tsv" "$OUT/timeline/qwen05-$mode.log" \
+            -m "$QWEN05" "${QWEN05_BB[@]}" "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1
         echo "qwen05 $mode rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/qwen05-$mode.log")"
     done
     # the qwen2-shaped model has a 258-token vocabulary: its logits copy is 1032 bytes

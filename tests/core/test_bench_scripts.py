@@ -352,3 +352,17 @@ def test_ktrace_timeline_refuses_what_is_not_a_timeline(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(KTRACE_TIMELINE), str(none), str(none)], check=False, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "fewer than two logits copies" in r.stderr
+
+
+def test_ktrace_bb_runs_the_bench_under_the_tracer(tmp_path: Path) -> None:
+    """ktrace_bb (both traced steps' one run) hands llama-batched-bench the tracer, its two outputs and the arguments;
+    an empty timeline path leaves KTRACE_TIMELINE empty, which ktrace.cpp reads as no timeline."""
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text('#!/bin/bash\necho "$CUDA_INJECTION64_PATH|$KTRACE_OUT|[$KTRACE_TIMELINE]|$*"\n')
+    fake.chmod(0o755)
+    log = tmp_path / "run.log"
+    for timeline, shown in (("", "[]"), (str(tmp_path / "t.tsv"), f"[{tmp_path / 't.tsv'}]")):
+        r = run_sh_functions(("ktrace_bb",), 'BIN="$1"; KTRACE_SO=/x/ktrace.so; ktrace_bb k.tsv "$2" "$3" -m q -c 9',
+                             str(tmp_path), timeline, str(log))
+        assert r.returncode == 0, r.stderr
+        assert log.read_text() == f"/x/ktrace.so|k.tsv|{shown}|-m q -c 9\n"
