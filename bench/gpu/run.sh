@@ -598,11 +598,15 @@ step_ops_perf() { # run 10: the LSE op against the CPU (two-row cases included),
 # g++ -O2 -shared -fPIC -o ktrace.so bench/gpu/ktrace.cpp -I$CUDA/include -L$CUDA/lib -lcupti -Wl,-rpath,'$ORIGIN'
 # and carried with the toolkit's libcupti.so.13 beside it
 KTRACE_SO=$PWD/cleanroom/gpu/ktrace/ktrace.so
-QWEN05_BB=(-ngl 99 -fa on -b 2048 -ub 512)   # the traced Qwen-shape runs (with -m "$QWEN05")
 ktrace_bb() { # kernels.tsv timeline.tsv|"" log llama-batched-bench-args...
     local kernels=$1 timeline=$2 log=$3; shift 3
     CUDA_INJECTION64_PATH=$KTRACE_SO KTRACE_OUT="$kernels" KTRACE_TIMELINE="$timeline" "$BIN/llama-batched-bench" "$@" \
         > "$log" 2>&1
+}
+
+ktrace_qwen05() { # plain|dca kernels.tsv timeline.tsv|"" log: Qwen-shape (automatic sizes) at a 64k prompt, 32 tokens
+    local extra=(); [ "$1" = dca ] && extra=("${QWEN05_DCA[@]}")
+    ktrace_bb "$2" "$3" "$4" -m "$QWEN05" -ngl 99 -fa on -b 2048 -ub 512 "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1
 }
 
 ktrace_ready() { # the tracer and SmolLM2 are there
@@ -629,9 +633,7 @@ step_ktrace() {
     [ "${KTRACE_QWEN:-1}" = 1 ] || return 0
     qwen05_model || return 1
     for mode in plain dca; do
-        local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
-        ktrace_bb "$OUT/ktrace/qwen05-$mode.tsv" "" "$OUT/ktrace/qwen05-$mode.log" \
-            -m "$QWEN05" "${QWEN05_BB[@]}" "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1
+        ktrace_qwen05 "$mode" "$OUT/ktrace/qwen05-$mode.tsv" "" "$OUT/ktrace/qwen05-$mode.log"
         echo "qwen05 $mode rc=$?: $(tail -1 "$OUT/ktrace/qwen05-$mode.tsv" 2>/dev/null)"
     done
 }
@@ -662,9 +664,7 @@ step_timeline() {
     [ "${KTRACE_QWEN:-1}" = 1 ] || return 0
     qwen05_model || return 1
     for mode in plain dca; do
-        local extra=(); [ "$mode" = dca ] && extra=("${QWEN05_DCA[@]}")
-        ktrace_bb "$tl/qwen05-$mode-kernels.tsv" "$tl/qwen05-$mode.tsv" "$OUT/timeline/qwen05-$mode.log" \
-            -m "$QWEN05" "${QWEN05_BB[@]}" "${extra[@]}" -c 65792 -npp 65536 -ntg 32 -npl 1
+        ktrace_qwen05 "$mode" "$tl/qwen05-$mode-kernels.tsv" "$tl/qwen05-$mode.tsv" "$OUT/timeline/qwen05-$mode.log"
         echo "qwen05 $mode rc=$?: $(grep -E "^\|[ 0-9]" "$OUT/timeline/qwen05-$mode.log")"
     done
     # the qwen2-shaped model has a 258-token vocabulary: its logits copy is 1032 bytes
