@@ -9,6 +9,11 @@ GPU box has a llama.cpp build and models, not the git room that `dcaforge gate` 
         the gates' figure from those results (needs matplotlib; run it where the results come back)
     python bench/gpu/ruler_run.py table DIR/ruler-*.json
         one line per task, context and method: score, prompt tokens, prompt speed, peak GPU memory
+    python bench/gpu/ruler_run.py compare DIR/ruler-*.json
+        per model, task and context: each method's samples found (the gate's score: every expected item as a whole
+        word) and, for passkey, answered first (the answer's first number is the key: llama-passkey's "exact"); then
+        each pair of methods over the same prompts (same prompt sha256): found by one and not the other, and the
+        exact two-sided sign-test p-value of that split (McNemar's exact test)
 
 The options are the ruler gate's settings (README, "ruler"); the same code runs as in `dcaforge gate`.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate import GateResult, measure_ruler, points_table
+from dcaforge.gate import METHODS, GateResult, measure_ruler, points_table
 from dcaforge.plot import plot
 
 
@@ -88,6 +95,59 @@ def print_table(results: list[GateResult]) -> None:
             print(f"# {x['task']} {x['ctx']} {x['method']} #{x['index']}: {x['error'][:160]}")
 
 
+def _first_is_key(rec: dict) -> bool:
+    m = re.search(r"[0-9]+", str(rec.get("answer", "")))
+    return m is not None and [m.group(0)] == list(rec.get("expected", []))
+
+
+def sign_test(b: int, c: int) -> float:
+    """Exact two-sided p-value of b against c discordant pairs under p = 1/2 (McNemar's exact test)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def compare(results: list[GateResult]) -> list[str]:
+    """The lines of `compare` (see the module's docstring)."""
+    cells: dict[tuple[str, str, int], dict[str, dict[int, dict]]] = {}
+    for r in results:
+        model = str(r.metrics.get("model", r.name))
+        for x in r.metrics.get("samples", []):
+            if x.get("score") is None:
+                continue
+            by_method = cells.setdefault((model, x["task"], int(x["ctx"])), {})
+            if x["index"] in by_method.setdefault(x["method"], {}):
+                raise ValueError(f"{r.name}: {model} {x['task']} {x['ctx']} {x['method']} #{x['index']} twice")
+            by_method[x["method"]][x["index"]] = x
+    out = ["# model\ttask\tctx\tmethod\tn\tfound\tfirst (passkey: the first number is the key)"]
+    pairs = []
+    for (model, task, ctx), by_method in sorted(cells.items()):
+        for method in sorted(by_method, key=lambda m: METHODS.index(m) if m in METHODS else 99):
+            recs = by_method[method].values()
+            first = f"{sum(_first_is_key(x) for x in recs)}" if task == "passkey" else "-"
+            out.append(f"{model}\t{task}\t{ctx}\t{method}\t{len(recs)}\t{sum(bool(x.get('all')) for x in recs)}\t{first}")
+        names = [m for m in METHODS if m in by_method]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                common = sorted(set(by_method[a]) & set(by_method[b]))
+                for k in common:
+                    if by_method[a][k].get("prompt_sha256") != by_method[b][k].get("prompt_sha256"):
+                        raise ValueError(f"{model} {task} {ctx} #{k}: {a} and {b} were sent different prompts")
+                for what, hit in (("found", lambda x: bool(x.get("all"))), ("first", _first_is_key)):
+                    if what == "first" and task != "passkey":
+                        continue
+                    only_a = sum(hit(by_method[a][k]) and not hit(by_method[b][k]) for k in common)
+                    only_b = sum(hit(by_method[b][k]) and not hit(by_method[a][k]) for k in common)
+                    pairs.append(f"{model}\t{task}\t{ctx}\t{b} vs {a}\t{what}\t{len(common)}\t{only_b}\t{only_a}\t"
+                                 f"{sign_test(only_b, only_a):.3g}")
+    if pairs:
+        out.append("# model\ttask\tctx\tpair\tscore\tn paired\tonly the first of the pair\tonly the second\tsign-test p")
+        out += pairs
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ruler_run.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -102,12 +162,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", required=True)
     t = sub.add_parser("table")
     t.add_argument("results", nargs="+")
+    c = sub.add_parser("compare")
+    c.add_argument("results", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a)
     results = _load(a.results)
     if a.cmd == "table":
         print_table(results)
+        return 0
+    if a.cmd == "compare":
+        try:
+            print("\n".join(compare(results)))
+        except ValueError as exc:
+            print(f"compare: {exc}", file=sys.stderr)
+            return 1
         return 0
     path = plot(results, Path(a.png), lambda s: print(s, file=sys.stderr))
     print(path or "no figure")

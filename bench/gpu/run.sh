@@ -837,6 +837,63 @@ step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then 
     true
 }
 
+# issue 15's "one default" (run 12): 10 llama-passkey positions, one key for all, could not tell the default's 0/10 at 4x
+# from YaRN's 1/10. The gate's passkey instead (a key of its own per sample, depths (i + 0.5) / n), $DEFAULT_SAMPLES a
+# cell, through llama-server: the model inside its trained length (plain and DCA at 1x), YaRN and the default rule
+# (DCA at chunk L/2, local L/8: the gate's defaults) at 2x and 4x; gemma-3-270m, then SmolLM2, then gemma's RULER
+# niah_single ($DEFAULT_NIAH samples). One queue per method, side by side on the GPU; the prompts at a context are the
+# same for every method (each a pure function of seed, task, index and filler count); ruler_run.py compare pairs them.
+DEFAULT_SAMPLES=${DEFAULT_SAMPLES:-30}
+DEFAULT_NIAH=${DEFAULT_NIAH:-12}
+DEFAULT_ARGS='"extra_args": ["-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"], "threads": 5, "load_timeout": 900, "request_timeout": 1800'
+
+default_cells() { # queue -> its cells, one a line: "model-tag method task samples contexts" (contexts: comma-separated)
+    local g=32768 s=8192
+    case $1 in
+        inside) for m in plain dca; do echo "gemma $m passkey $DEFAULT_SAMPLES $g"; done
+                for m in plain dca; do echo "smol $m passkey $DEFAULT_SAMPLES $s"; done
+                for m in plain dca; do echo "gemma $m niah_single $DEFAULT_NIAH $g"; done ;;
+        yarn|dca) echo "gemma $1 passkey $DEFAULT_SAMPLES $((2 * g)),$((4 * g))"
+                  echo "smol $1 passkey $DEFAULT_SAMPLES $((2 * s)),$((4 * s))"
+                  echo "gemma $1 niah_single $DEFAULT_NIAH $((2 * g)),$((4 * g))" ;;
+        *) echo "default_cells: no queue $1 (inside, yarn, dca)" >&2; return 1 ;;
+    esac
+}
+
+step_default_queue() { # $QUEUE's cells, one after the other; ruler_run.py's results in $OUT/ruler-def-*.json
+    local cells; cells=$(default_cells "${QUEUE:?}") || return 1
+    local tag method task n ctxs model x1
+    while read -r tag method task n ctxs; do
+        model=$MODEL; [ "$tag" = smol ] && model=$SMOL
+        x1=""; [ "$ctxs" = 32768 ] || [ "$ctxs" = 8192 ] && x1=-1x
+        python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$model" --name "def-$tag-$task-$method$x1" \
+            --out "$OUT" --options "{\"tasks\": [\"$task\"], \"methods\": [\"$method\"], \"contexts\": [$ctxs], \"samples\": $n, $DEFAULT_ARGS}"
+    done <<< "$cells"
+}
+
+step_default_bg() {
+    [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
+    rm -rf ~/llb/default-out; mkdir -p ~/llb/default-out
+    for q in inside yarn dca; do detach "default-$q" ~/llb/default-out default_queue QUEUE=$q; done
+    echo "default queues started: inside (plain and DCA at 1x), yarn, dca (2x and 4x), side by side"
+}
+
+step_wait_default() { # at most $WAIT s (default 540) for the three queues; what they have comes back
+    local t0=$SECONDS q
+    while [ $((SECONDS - t0)) -lt "${WAIT:-540}" ]; do
+        [ -f ~/llb/default-inside.done ] && [ -f ~/llb/default-yarn.done ] && [ -f ~/llb/default-dca.done ] && break
+        sleep 5
+    done
+    for q in inside yarn dca; do
+        if [ -f ~/llb/default-$q.done ]; then echo "queue $q done (rc $(cat ~/llb/default-$q.rc))"; else echo "queue $q running:"; tail -2 ~/llb/default-$q.log; fi
+    done
+    local res; res=$(ls ~/llb/default-out/ruler-def-*.json 2>/dev/null)
+    [ -n "$res" ] && python3 bench/gpu/ruler_run.py compare $res | tee "$OUT/default-compare.txt"
+    (cd ~/llb/default-out && tar czf "$OUT/default.tgz" ruler-def-*.json logs-def-* 2>/dev/null)
+    cat ~/llb/default-*.log > "$OUT/default-queues.log" 2>/dev/null
+    true
+}
+
 step_report() { # the short table: speed ratios, RULER scores per task/length/method, 1M memory and speed
     echo "### all-layer speed, SmolLM2-135M, DCA $SPEED_SMOL_DCA / plain (targets: pp >= 0.9, tg >= 0.95, 4 seqs >= 0.8)"
     cat ~/llb/speed-smol-ratios.txt 2>/dev/null || echo "(no speed_smol results)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -366,3 +367,72 @@ def test_ktrace_bb_runs_the_bench_under_the_tracer(tmp_path: Path) -> None:
                              str(tmp_path), timeline, str(log))
         assert r.returncode == 0, r.stderr
         assert log.read_text() == f"/x/ktrace.so|k.tsv|{shown}|-m q -c 9\n"
+
+
+def test_default_queues_send_the_gate_each_cell(tmp_path: Path) -> None:
+    """run 12's queues: each cell one ruler_run.py run (the default rule = the gate's chunk and local left out), the
+    1x cells named so, SmolLM2's cells on its own model; an unknown queue is refused."""
+    log = tmp_path / "calls"
+    call = ('CALLS=$1; python3() { printf "%s\\n" "$*" >> "$CALLS"; }; MODEL=/m/gemma.gguf SMOL=/m/smol.gguf BIN=/b OUT=/o; '
+            'DEFAULT_SAMPLES=30 DEFAULT_NIAH=12 DEFAULT_ARGS=\'"threads": 5\'; QUEUE=$2 step_default_queue')
+    for queue in ("inside", "dca"):
+        r = run_sh_functions(("default_cells", "step_default_queue"), call, str(log), queue)
+        assert r.returncode == 0, r.stderr
+    lines = log.read_text().splitlines()
+    assert len(lines) == 9
+    names = [ln.split("--name ")[1].split()[0] for ln in lines]
+    assert names == ["def-gemma-passkey-plain-1x", "def-gemma-passkey-dca-1x", "def-smol-passkey-plain-1x",
+                     "def-smol-passkey-dca-1x", "def-gemma-niah_single-plain-1x", "def-gemma-niah_single-dca-1x",
+                     "def-gemma-passkey-dca", "def-smol-passkey-dca", "def-gemma-niah_single-dca"]
+    opts = [json.loads(ln.split("--options ", 1)[1]) for ln in lines]
+    assert opts[6] == {"tasks": ["passkey"], "methods": ["dca"], "contexts": [65536, 131072], "samples": 30, "threads": 5}
+    assert opts[7]["contexts"] == [16384, 32768] and "--model /m/smol.gguf" in lines[7]
+    assert opts[8]["samples"] == 12 and opts[3]["contexts"] == [8192]
+    assert all("chunk" not in o and "local" not in o for o in opts)
+    assert all(ln.startswith("bench/gpu/ruler_run.py run --server /b/llama-server") and "--out /o " in ln for ln in lines)
+    r = run_sh_functions(("default_cells", "step_default_queue"), call, str(log), "plain")
+    assert r.returncode == 1 and "no queue plain" in r.stderr
+
+
+def _gate_json(path: Path, model: str, method: str, ctx: int, answers: list[str], keys: list[str]) -> None:
+    samples = [{"task": "passkey", "ctx": ctx, "method": method, "index": i, "prompt_tokens": ctx - 20,
+                "prompt_sha256": f"sha-{ctx}-{i}", "expected": [k], "answer": a, "score": float(bool(re.search(rf"\b{k}\b", a))),
+                "all": bool(re.search(rf"\b{k}\b", a))} for i, (a, k) in enumerate(zip(answers, keys))]
+    res = GateResult(path.stem, "ruler", True, "ok", {"model": model, "methods": [method], "samples": samples}, [])
+    path.write_text(json.dumps(dataclasses.asdict(res)))
+
+
+def test_ruler_run_compare_pairs_methods_over_the_same_prompts(tmp_path: Path) -> None:
+    """compare: per cell found (whole word) and first (the first number is the key), then the paired split of two
+    methods with its exact sign-test p; prompts that differ between methods are refused."""
+    keys = ["39384", "1200", "777", "42"]
+    _gate_json(tmp_path / "ruler-y.json", "g.gguf", "yarn", 131072, ["1. 2. 3.", "1200.", "9. 777", "x"], keys)
+    _gate_json(tmp_path / "ruler-d.json", "g.gguf", "dca", 131072, ["19384. Remember it. 39384", "1200", "777", "42"], keys)
+    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
+    r = subprocess.run([sys.executable, script, "compare", str(tmp_path / "ruler-y.json"), str(tmp_path / "ruler-d.json")],
+                       check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split("\t") for ln in r.stdout.splitlines() if not ln.startswith("#")]
+    assert rows[0] == ["g.gguf", "passkey", "131072", "yarn", "4", "2", "1"]
+    assert rows[1] == ["g.gguf", "passkey", "131072", "dca", "4", "4", "3"]
+    # found: dca alone on #0 and #3, yarn alone on none: p = 2 * (1/4) = 0.5; first: dca alone on #2, #3
+    assert rows[2] == ["g.gguf", "passkey", "131072", "dca vs yarn", "found", "4", "2", "0", "0.5"]
+    assert rows[3] == ["g.gguf", "passkey", "131072", "dca vs yarn", "first", "4", "2", "0", "0.5"]
+    bad = json.loads((tmp_path / "ruler-d.json").read_text())
+    bad["metrics"]["samples"][1]["prompt_sha256"] = "other"
+    (tmp_path / "ruler-d.json").write_text(json.dumps(bad))
+    r = subprocess.run([sys.executable, script, "compare", str(tmp_path / "ruler-y.json"), str(tmp_path / "ruler-d.json")],
+                       check=False, capture_output=True, text=True)
+    assert r.returncode == 1 and "yarn and dca were sent different prompts" in r.stderr
+
+
+def test_sign_test_values() -> None:
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    try:
+        import ruler_run
+    finally:
+        sys.path.pop(0)
+    assert ruler_run.sign_test(0, 0) == 1.0
+    assert abs(ruler_run.sign_test(5, 0) - 0.0625) < 1e-12
+    assert abs(ruler_run.sign_test(8, 2) - 0.109375) < 1e-12
+    assert ruler_run.sign_test(3, 3) == 1.0
