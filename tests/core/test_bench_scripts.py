@@ -397,7 +397,7 @@ def test_default_queues_send_the_gate_each_cell(tmp_path: Path) -> None:
 def _gate_json(path: Path, model: str, method: str, ctx: int, answers: list[str], keys: list[str]) -> None:
     samples = [{"task": "passkey", "ctx": ctx, "method": method, "index": i, "prompt_tokens": ctx - 20,
                 "prompt_sha256": f"sha-{ctx}-{i}", "expected": [k], "answer": a, "score": float(bool(re.search(rf"\b{k}\b", a))),
-                "all": bool(re.search(rf"\b{k}\b", a))} for i, (a, k) in enumerate(zip(answers, keys))]
+                "all": bool(re.search(rf"\b{k}\b", a))} for i, (a, k) in enumerate(zip(answers, keys, strict=True))]
     res = GateResult(path.stem, "ruler", True, "ok", {"model": model, "methods": [method], "samples": samples}, [])
     path.write_text(json.dumps(dataclasses.asdict(res)))
 
