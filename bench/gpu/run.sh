@@ -3,7 +3,7 @@
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
 #   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace timeline
-#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma
+#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma default_bg wait_default
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -26,6 +26,9 @@
 #            SmolLM2 (L 8192, through its chat template); queue 2, beside it on the GPU: gemma-3-270m with DCA at a
 #            1,048,576-token context, then 512k and 256k: passkey, niah multi-key, vt; each server's peak GPU memory
 #            (nvidia-smi per process) and prompt speed per sample
+#   default_bg / wait_default  issue 15's default rule against YaRN (run 12): the gate's passkey (a key per sample) and
+#            niah_single through llama-server, plain and DCA at 1x, YaRN and DCA at 2x and 4x, gemma-3-270m and SmolLM2,
+#            three queues side by side; ruler_run.py compare's table (per cell found/first, the paired sign test)
 #   report   the short table of the issue-15 steps (speed ratios, RULER scores, 1M memory and speed)
 # Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md is written from them on the workstation.
 #

@@ -436,3 +436,41 @@ def test_sign_test_values() -> None:
     assert abs(ruler_run.sign_test(5, 0) - 0.0625) < 1e-12
     assert abs(ruler_run.sign_test(8, 2) - 0.109375) < 1e-12
     assert ruler_run.sign_test(3, 3) == 1.0
+
+
+RUN12 = ROOT / "bench" / "gpu" / "2026-12-03-run12"
+
+
+def test_run12_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-12 table: compare over the committed samples (every JSON of default.tgz and s7.tgz) gives the
+    counts and p-values quoted, and the committed default-compare.txt byte for byte."""
+    import tarfile
+
+    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
+
+    def compare(*names: str) -> str:
+        r = subprocess.run([sys.executable, script, "compare", *(str(tmp_path / n) for n in names)],
+                           check=False, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    for tgz in ("default.tgz", "s7.tgz"):
+        with tarfile.open(RUN12 / tgz) as t:
+            t.extractall(tmp_path, members=[m for m in t.getmembers() if m.name.endswith(".json")], filter="data")
+    default = sorted(p.name for p in tmp_path.glob("ruler-def-*.json"))
+    assert len(default) == 12
+    out = compare(*default)
+    assert out == (RUN12 / "default-compare.txt").read_text()
+    g, sm = "gemma3-270m-q4_k_m.gguf", "smollm2-135m-instruct-q4_1.gguf"
+    cells = {tuple(ln.split("\t")[:4]): ln.split("\t")[4:] for ln in out.splitlines() if not ln.startswith("#")}
+    assert cells[(g, "passkey", "32768", "plain")] == ["30", "15", "15"]
+    assert cells[(g, "passkey", "131072", "dca")] == ["30", "19", "18"]
+    assert cells[(g, "passkey", "131072", "yarn")] == ["30", "12", "11"]
+    assert f"{g}\tpasskey\t131072\tdca vs yarn\tfound\t30\t8\t1\t0.0391" in out.splitlines()
+    assert cells[(sm, "passkey", "8192", "plain")] == ["30", "24", "24"]
+    assert cells[(sm, "passkey", "32768", "dca")] == ["30", "19", "19"]
+    assert cells[(g, "niah_single", "65536", "dca")] == ["12", "6", "-"]
+    s7 = compare("ruler-s7-plain-1x.json", "ruler-s7-dca-default.json", "ruler-s7-yarn.json")
+    assert s7 == (RUN12 / "s7-compare.txt").read_text()
+    assert f"{sm}\tpasskey\t32768\tdca vs yarn\tfound\t60\t20\t10\t0.0987" in s7
+    assert f"{sm}\tpasskey\t8192\tplain\t60\t53\t53" in s7 and f"{sm}\tpasskey\t32768\tdca\t60\t36\t36" in s7
