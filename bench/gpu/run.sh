@@ -829,12 +829,20 @@ step_ruler_bg() {
     echo "RULER queues started: 1x/4x/8x (gemma, smol) and 1M (gemma, DCA $RULER_GEMMA_DCA), side by side"
 }
 
-step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then hands back what they have
-    local t0=$SECONDS
-    while { [ ! -f ~/llb/ruler.done ] || [ ! -f ~/llb/ruler1m.done ]; } && [ $((SECONDS - t0)) -lt "${WAIT:-540}" ]; do sleep 5; done
-    for q in ruler ruler1m; do
+wait_queues() { # tag...: waits at most $WAIT s (default 540) for every detached queue, then says how each stands
+    local t0=$SECONDS q left
+    while [ $((SECONDS - t0)) -lt "${WAIT:-540}" ]; do
+        left=0; for q in "$@"; do [ -f ~/llb/$q.done ] || left=1; done
+        [ $left = 0 ] && break
+        sleep 5
+    done
+    for q in "$@"; do
         if [ -f ~/llb/$q.done ]; then echo "queue $q done (rc $(cat ~/llb/$q.rc))"; else echo "queue $q still running:"; tail -3 ~/llb/$q.log; fi
     done
+}
+
+step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then hands back what they have
+    wait_queues ruler ruler1m
     (cd ~/llb/ruler-out && tar czf "$OUT/ruler.tgz" ruler-*.json logs-* 2>/dev/null)
     cp ~/llb/ruler.log "$OUT/ruler-queue.log" 2>/dev/null; cp ~/llb/ruler1m.log "$OUT/ruler1m-queue.log" 2>/dev/null
     true
@@ -848,7 +856,8 @@ step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then 
 # same for every method (each a pure function of seed, task, index and filler count); ruler_run.py compare pairs them.
 DEFAULT_SAMPLES=${DEFAULT_SAMPLES:-30}
 DEFAULT_NIAH=${DEFAULT_NIAH:-12}
-DEFAULT_ARGS='"extra_args": ["-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"], "threads": 5, "load_timeout": 900, "request_timeout": 1800'
+DEFAULT_ARGS=${GPU_ARGS/\"threads\": 8/\"threads\": 5}   # three servers share the host's 16 cores
+DEFAULT_QUEUES="inside yarn dca"
 
 default_cells() { # queue -> its cells, one a line: "model-tag method task samples contexts" (contexts: comma-separated)
     local g=32768 s=8192
@@ -868,7 +877,7 @@ step_default_queue() { # $QUEUE's cells, one after the other; ruler_run.py's res
     local tag method task n ctxs model x1
     while read -r tag method task n ctxs; do
         model=$MODEL; [ "$tag" = smol ] && model=$SMOL
-        x1=""; [ "$ctxs" = 32768 ] || [ "$ctxs" = 8192 ] && x1=-1x
+        x1=""; [ "$QUEUE" = inside ] && x1=-1x
         python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$model" --name "def-$tag-$task-$method$x1" \
             --out "$OUT" --options "{\"tasks\": [\"$task\"], \"methods\": [\"$method\"], \"contexts\": [$ctxs], \"samples\": $n, $DEFAULT_ARGS}"
     done <<< "$cells"
@@ -877,19 +886,13 @@ step_default_queue() { # $QUEUE's cells, one after the other; ruler_run.py's res
 step_default_bg() {
     [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/default-out; mkdir -p ~/llb/default-out
-    for q in inside yarn dca; do detach "default-$q" ~/llb/default-out default_queue QUEUE=$q; done
+    for q in $DEFAULT_QUEUES; do detach "default-$q" ~/llb/default-out default_queue QUEUE=$q; done
     echo "default queues started: inside (plain and DCA at 1x), yarn, dca (2x and 4x), side by side"
 }
 
 step_wait_default() { # at most $WAIT s (default 540) for the three queues; what they have comes back
-    local t0=$SECONDS q
-    while [ $((SECONDS - t0)) -lt "${WAIT:-540}" ]; do
-        [ -f ~/llb/default-inside.done ] && [ -f ~/llb/default-yarn.done ] && [ -f ~/llb/default-dca.done ] && break
-        sleep 5
-    done
-    for q in inside yarn dca; do
-        if [ -f ~/llb/default-$q.done ]; then echo "queue $q done (rc $(cat ~/llb/default-$q.rc))"; else echo "queue $q running:"; tail -2 ~/llb/default-$q.log; fi
-    done
+    local q tags=(); for q in $DEFAULT_QUEUES; do tags+=("default-$q"); done
+    wait_queues "${tags[@]}"
     local res; res=$(ls ~/llb/default-out/ruler-def-*.json 2>/dev/null)
     [ -n "$res" ] && python3 bench/gpu/ruler_run.py compare $res | tee "$OUT/default-compare.txt"
     (cd ~/llb/default-out && tar czf "$OUT/default.tgz" ruler-def-*.json logs-def-* 2>/dev/null)

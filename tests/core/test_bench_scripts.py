@@ -394,6 +394,27 @@ def test_default_queues_send_the_gate_each_cell(tmp_path: Path) -> None:
     assert r.returncode == 1 and "no queue plain" in r.stderr
 
 
+def test_wait_queues_says_how_each_queue_stands(tmp_path: Path) -> None:
+    """wait_queues (step_wait_ruler's and step_wait_default's wait): a finished queue with its exit status, a running
+    one with its log's tail, and no longer than $WAIT; the default queues' server options are the RULER queues' with
+    5 threads each."""
+    import os
+
+    (tmp_path / "llb").mkdir()
+    (tmp_path / "llb" / "a.done").touch()
+    (tmp_path / "llb" / "a.rc").write_text("0\n")
+    (tmp_path / "llb" / "b.log").write_text("x\n  passkey #6: 130985 tokens, score 1.00\n")
+    script = f'source <(sed -n "/^wait_queues() {{/,/^}}/p" "{RUN_SH}"); WAIT=0 wait_queues a b'
+    r = subprocess.run(["bash", "-c", script], check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["queue a done (rc 0)", "queue b still running:", "x", "  passkey #6: 130985 tokens, score 1.00"]
+    lines = [ln for ln in RUN_SH.read_text().splitlines() if ln.startswith(("GPU_ARGS=", "DEFAULT_ARGS="))]
+    r = subprocess.run(["bash", "-c", "\n".join(lines) + '\necho "$GPU_ARGS"; echo "$DEFAULT_ARGS"'], check=False,
+                       capture_output=True, text=True)
+    gpu, default = (json.loads("{" + ln + "}") for ln in r.stdout.splitlines())
+    assert gpu["threads"] == 8 and default == {**gpu, "threads": 5}
+
+
 def _gate_json(path: Path, model: str, method: str, ctx: int, answers: list[str], keys: list[str]) -> None:
     samples = [{"task": "passkey", "ctx": ctx, "method": method, "index": i, "prompt_tokens": ctx - 20,
                 "prompt_sha256": f"sha-{ctx}-{i}", "expected": [k], "answer": a, "score": float(bool(re.search(rf"\b{k}\b", a))),
