@@ -784,7 +784,8 @@ def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: lis
     if checks:
         summary += "; " + "; ".join(checks)
     metrics = {"model": _model_label(g), "trained": trained, "methods": methods, "tasks": tasks, "contexts": contexts,
-               "chunk": chunk, "local": local, "past_trained": past, "score_min": score_min, "yarn_margin": margin,
+               "chunk": chunk, "local": local, "dca_args": [str(a) for a in _opt(g, "dca_args")], "past_trained": past,
+               "score_min": score_min, "yarn_margin": margin,
                "samples": records}
     return GateResult(g.name, g.kind, ok, summary, metrics, points)
 

@@ -109,39 +109,52 @@ def sign_test(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def _variant(r: GateResult, method: str) -> str:
+    """What sets a result's method apart from the same method in another result: DCA's sizes and extra flags."""
+    if method != "dca":
+        return ""
+    m = r.metrics
+    return " ".join([f"S{m.get('chunk', '?')} w{m.get('local', '?')}", *(str(a) for a in m.get("dca_args", []))])
+
+
 def compare(results: list[GateResult]) -> list[str]:
-    """The lines of `compare` (see the module's docstring)."""
-    cells: dict[tuple[str, str, int], dict[str, dict[int, dict]]] = {}
+    """The lines of `compare` (see the module's docstring). Results that run one method with different settings (DCA's
+    chunk, local window or extra flags) stay apart: in a cell where a method has several, each is "method[settings]"."""
+    cells: dict[tuple[str, str, int], dict[tuple[str, str], dict[int, dict]]] = {}
     for r in results:
         model = str(r.metrics.get("model", r.name))
         for x in r.metrics.get("samples", []):
             if x.get("score") is None:
                 continue
             by_method = cells.setdefault((model, x["task"], int(x["ctx"])), {})
-            if x["index"] in by_method.setdefault(x["method"], {}):
+            key = (x["method"], _variant(r, x["method"]))
+            if x["index"] in by_method.setdefault(key, {}):
                 raise ValueError(f"{r.name}: {model} {x['task']} {x['ctx']} {x['method']} #{x['index']} twice")
-            by_method[x["method"]][x["index"]] = x
+            by_method[key][x["index"]] = x
     out = ["# model\ttask\tctx\tmethod\tn\tfound\tfirst (passkey: the first number is the key)"]
     pairs = []
-    for (model, task, ctx), by_method in sorted(cells.items()):
-        for method in sorted(by_method, key=lambda m: METHODS.index(m) if m in METHODS else 99):
-            recs = by_method[method].values()
+    for (model, task, ctx), by_key in sorted(cells.items()):
+        keys = sorted(by_key, key=lambda k: (METHODS.index(k[0]) if k[0] in METHODS else 99, k))
+        several = {m for m, _ in by_key if sum(k[0] == m for k in by_key) > 1}
+        label = {k: f"{k[0]}[{k[1]}]" if k[0] in several else k[0] for k in keys}
+        for k in keys:
+            recs = by_key[k].values()
             first = f"{sum(_first_is_key(x) for x in recs)}" if task == "passkey" else "-"
-            out.append(f"{model}\t{task}\t{ctx}\t{method}\t{len(recs)}\t{sum(bool(x.get('all')) for x in recs)}\t{first}")
-        names = [m for m in METHODS if m in by_method]
+            out.append(f"{model}\t{task}\t{ctx}\t{label[k]}\t{len(recs)}\t{sum(bool(x.get('all')) for x in recs)}\t{first}")
+        names = [k for k in keys if k[0] in METHODS]
         for i, a in enumerate(names):
             for b in names[i + 1:]:
-                common = sorted(set(by_method[a]) & set(by_method[b]))
-                for k in common:
-                    if by_method[a][k].get("prompt_sha256") != by_method[b][k].get("prompt_sha256"):
-                        raise ValueError(f"{model} {task} {ctx} #{k}: {a} and {b} were sent different prompts")
+                common = sorted(set(by_key[a]) & set(by_key[b]))
+                for j in common:
+                    if by_key[a][j].get("prompt_sha256") != by_key[b][j].get("prompt_sha256"):
+                        raise ValueError(f"{model} {task} {ctx} #{j}: {label[a]} and {label[b]} were sent different prompts")
                 for what, hit in (("found", lambda x: bool(x.get("all"))), ("first", _first_is_key)):
                     if what == "first" and task != "passkey":
                         continue
-                    only_a = sum(hit(by_method[a][k]) and not hit(by_method[b][k]) for k in common)
-                    only_b = sum(hit(by_method[b][k]) and not hit(by_method[a][k]) for k in common)
-                    pairs.append(f"{model}\t{task}\t{ctx}\t{b} vs {a}\t{what}\t{len(common)}\t{only_b}\t{only_a}\t"
-                                 f"{sign_test(only_b, only_a):.3g}")
+                    only_a = sum(hit(by_key[a][j]) and not hit(by_key[b][j]) for j in common)
+                    only_b = sum(hit(by_key[b][j]) and not hit(by_key[a][j]) for j in common)
+                    pairs.append(f"{model}\t{task}\t{ctx}\t{label[b]} vs {label[a]}\t{what}\t{len(common)}\t{only_b}\t"
+                                 f"{only_a}\t{sign_test(only_b, only_a):.3g}")
     if pairs:
         out.append("# model\ttask\tctx\tpair\tscore\tn paired\tonly the first of the pair\tonly the second\tsign-test p")
         out += pairs

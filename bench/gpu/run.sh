@@ -3,7 +3,7 @@
 # Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
 #   speed_qwen llamafile_build llamafile_bg wait_llamafile
 #   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace timeline
-#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma default_bg wait_default
+#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma default_bg wait_default temp_bg wait_temp
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
 #   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
@@ -29,6 +29,8 @@
 #   default_bg / wait_default  issue 15's default rule against YaRN (run 12): the gate's passkey (a key per sample) and
 #            niah_single through llama-server, plain and DCA at 1x, YaRN and DCA at 2x and 4x, gemma-3-270m and SmolLM2,
 #            three queues side by side; ruler_run.py compare's table (per cell found/first, the paired sign test)
+#   temp_bg / wait_temp  run 13: DCA's attention temperature (--dca-yarn-factor) on the cells of run 12 SmolLM2 missed
+#            (4x, seeds 7 and 42) and on gemma-3-270m at 2x/4x, one queue per factor, with perplexity beside them
 #   report   the short table of the issue-15 steps (speed ratios, RULER scores, 1M memory and speed)
 # Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md is written from them on the workstation.
 #
@@ -872,16 +874,24 @@ default_cells() { # queue -> its cells, one a line: "model-tag method task sampl
     esac
 }
 
-step_default_queue() { # $QUEUE's cells, one after the other; ruler_run.py's results in $OUT/ruler-def-*.json
-    local cells; cells=$(default_cells "${QUEUE:?}") || return 1
-    local tag method task n ctxs model x1
-    while read -r tag method task n ctxs; do
+cells_queue() { # prefix cells-function queue: one ruler_run.py run per cell of "$cells_function $queue", each line
+    # "model-tag method task samples contexts [seed [dca-yarn-factor]]" (contexts comma-separated; no seed: the gate's);
+    # results in $OUT/ruler-<prefix>-<tag>-<task>-<method>[-1x][-<contexts>-s<seed>][-F<factor>].json (-1x: the queue
+    # "inside"; a cell that gives a seed carries its contexts too)
+    local cells; cells=$("$2" "$3") || return 1
+    local tag method task n ctxs seed F model name opts
+    while read -r tag method task n ctxs seed F; do
         model=$MODEL; [ "$tag" = smol ] && model=$SMOL
-        x1=""; [ "$QUEUE" = inside ] && x1=-1x
-        python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$model" --name "def-$tag-$task-$method$x1" \
-            --out "$OUT" --options "{\"tasks\": [\"$task\"], \"methods\": [\"$method\"], \"contexts\": [$ctxs], \"samples\": $n, $DEFAULT_ARGS}"
+        name="$1-$tag-$task-$method"; [ "$3" = inside ] && name+=-1x
+        opts="\"tasks\": [\"$task\"], \"methods\": [\"$method\"], \"contexts\": [$ctxs], \"samples\": $n"
+        [ -n "$seed" ] && { opts+=", \"seed\": $seed"; name+="-${ctxs//,/-}-s$seed"; }
+        [ -n "$F" ] && { opts+=", \"dca_args\": [\"--dca-yarn-factor\", \"$F\"]"; name+="-F$F"; }
+        python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$model" --name "$name" \
+            --out "$OUT" --options "{$opts, $DEFAULT_ARGS}"
     done <<< "$cells"
 }
+
+step_default_queue() { cells_queue def default_cells "${QUEUE:?}"; }   # ruler_run.py's results in $OUT/ruler-def-*.json
 
 step_default_bg() {
     [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
@@ -897,6 +907,59 @@ step_wait_default() { # at most $WAIT s (default 540) for the three queues; what
     [ -n "$res" ] && python3 bench/gpu/ruler_run.py compare $res | tee "$OUT/default-compare.txt"
     (cd ~/llb/default-out && tar czf "$OUT/default.tgz" ruler-def-*.json logs-def-* 2>/dev/null)
     cat ~/llb/default-*.log > "$OUT/default-queues.log" 2>/dev/null
+    true
+}
+
+# run 13: DCA's attention temperature (--dca-yarn-factor F: logits x (0.1 ln F + 1), Qwen2.5-1M's rule with F = length /
+# trained length) against SmolLM2's one miss in run 12 (the default at 4x retrieves 36/60 and 19/30, the model inside
+# its window 53/60 and 24/30). The same prompts as run 12 (seeds 7 and 42): F = 0 (off: run 12's setting again, the
+# control of this run), 4 (= 4x), 7.389 (x1.2) and 16 (x1.277: 0.2 ln(length / L) + 1 at 4x) at 4x; at 2x SmolLM2 with
+# F = 2 and 4 (the two rules) and gemma-3-270m with F = 2; gemma at 4x with F = 4; one queue each, side by side;
+# perplexity at 2x/4x with the same factors in a queue beside them (temp_ppl)
+TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}
+
+temp_cells() { # queue -> its cells (cells_queue's lines)
+    local s=8192 g=32768
+    case $1 in
+        t0|t4|t7.389|t16) echo "smol dca passkey 60 $((4 * s)) 7 ${1#t}"; echo "smol dca passkey 30 $((4 * s)) 42 ${1#t}" ;;
+        t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
+             echo "gemma dca passkey 30 $((2 * g)) 42 2"; echo "gemma dca niah_single 12 $((2 * g)) 42 2" ;;
+        t4g) echo "gemma dca passkey 30 $((4 * g)) 42 4"; echo "gemma dca niah_single 12 $((4 * g)) 42 4" ;;
+        *) echo "temp_cells: no queue $1 ($TEMP_QUEUES)" >&2; return 1 ;;
+    esac
+}
+
+step_temp_queue() { DEFAULT_ARGS=${GPU_ARGS/\"threads\": 8/\"threads\": 2} cells_queue temp temp_cells "${QUEUE:?}"; }   # 7 queues, 16 cores
+
+step_temp_ppl() { # perplexity over run 3's text: SmolLM2 plain at 1x, the default at 4x with F 0 / 4 / 16 and at 2x with
+    # F 0 / 2 / 4; gemma the default at 4x with F 0 / 4 and at 2x with F 2 (one at a time: gemma's 128k logits take 68 GB)
+    ppl_text
+    local keep=("${COMMON[@]}") F ctx
+    COMMON=("${SMOL_COMMON[@]}" -t 4)
+    ppl_one smol-plain 8192
+    for F in 0 4 16; do ppl_one "smol-dca-F$F" 32768 --dca on --dca-yarn-factor "$F"; done
+    for F in 0 2 4; do ppl_one "smol-dca-F$F" 16384 --dca on --dca-yarn-factor "$F"; done
+    COMMON=("${keep[@]}" -t 4)
+    for F in 4 0; do ppl_one "gemma-dca-F$F" 131072 --dca on --dca-yarn-factor "$F"; done
+    ppl_one gemma-dca-F2 65536 --dca on --dca-yarn-factor 2
+    cat "$OUT/${PPL_TSV:-ppl.tsv}"
+}
+
+step_temp_bg() {
+    [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
+    rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
+    for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
+    detach temp-ppl ~/llb/temp-ppl-out temp_ppl PPL_TSV=temp-ppl.tsv   # its own OUT: a queue's exit packs (and removes) $OUT/ppl
+    echo "temperature queues started: $TEMP_QUEUES and temp-ppl, side by side"
+}
+
+step_wait_temp() { # at most $WAIT s (default 540) for the queues; what they have comes back
+    local q tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
+    wait_queues "${tags[@]}"
+    cp ~/llb/temp-ppl-out/temp-ppl.tsv "$OUT/" 2>/dev/null
+    (cd ~/llb/temp-out && tar czf "$OUT/temp.tgz" ruler-temp-*.json logs-temp-* 2>/dev/null)
+    cp ~/llb/temp-ppl-out/logs.tgz "$OUT/temp-ppl-logs.tgz" 2>/dev/null
+    cat ~/llb/temp-*.log > "$OUT/temp-queues.log" 2>/dev/null
     true
 }
 

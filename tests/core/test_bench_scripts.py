@@ -376,7 +376,7 @@ def test_default_queues_send_the_gate_each_cell(tmp_path: Path) -> None:
     call = ('CALLS=$1; python3() { printf "%s\\n" "$*" >> "$CALLS"; }; MODEL=/m/gemma.gguf SMOL=/m/smol.gguf BIN=/b OUT=/o; '
             'DEFAULT_SAMPLES=30 DEFAULT_NIAH=12 DEFAULT_ARGS=\'"threads": 5\'; QUEUE=$2 step_default_queue')
     for queue in ("inside", "dca"):
-        r = run_sh_functions(("default_cells", "step_default_queue"), call, str(log), queue)
+        r = run_sh_functions(("default_cells", "cells_queue", "step_default_queue"), call, str(log), queue)
         assert r.returncode == 0, r.stderr
     lines = log.read_text().splitlines()
     assert len(lines) == 9
@@ -390,7 +390,7 @@ def test_default_queues_send_the_gate_each_cell(tmp_path: Path) -> None:
     assert opts[8]["samples"] == 12 and opts[3]["contexts"] == [8192]
     assert all("chunk" not in o and "local" not in o for o in opts)
     assert all(ln.startswith("bench/gpu/ruler_run.py run --server /b/llama-server") and "--out /o " in ln for ln in lines)
-    r = run_sh_functions(("default_cells", "step_default_queue"), call, str(log), "plain")
+    r = run_sh_functions(("default_cells", "cells_queue", "step_default_queue"), call, str(log), "plain")
     assert r.returncode == 1 and "no queue plain" in r.stderr
 
 
@@ -497,3 +497,74 @@ def test_run12_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert s7 == (RUN12 / "s7-compare.txt").read_text()
     assert f"{sm}\tpasskey\t32768\tdca vs yarn\tfound\t60\t20\t10\t0.0987" in s7
     assert f"{sm}\tpasskey\t8192\tplain\t60\t53\t53" in s7 and f"{sm}\tpasskey\t32768\tdca\t60\t36\t36" in s7
+
+
+RUN13 = ROOT / "bench" / "gpu" / "2026-12-03-run13"
+
+
+def test_run13_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-13 table (DCA's attention temperature): compare over the committed samples of runs 12 and 13
+    gives the committed compare-s7.txt / compare-s42.txt byte for byte and the counts quoted; run 13's control (the
+    factor off) answers every prompt as run 12 did."""
+    import tarfile
+
+    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
+    for tgz in (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz"):
+        with tarfile.open(tgz) as t:
+            for m in t.getmembers():
+                if m.isfile() and m.name.endswith(".json"):
+                    (tmp_path / Path(m.name).name).write_bytes(t.extractfile(m).read())  # type: ignore[union-attr]
+
+    def compare(*patterns: str) -> str:
+        names = [str(p) for pat in patterns for p in sorted(tmp_path.glob(pat))]
+        r = subprocess.run([sys.executable, script, "compare", *names], check=False, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    s7 = compare("ruler-temp-*-s7-*.json", "ruler-s7-plain-1x.json", "ruler-s7-yarn.json", "ruler-s7-dca-default.json")
+    s42 = compare("ruler-temp-*-s42-*.json", "ruler-def-*.json")
+    assert s7 == (RUN13 / "compare-s7.txt").read_text()
+    assert s42 == (RUN13 / "compare-s42.txt").read_text()
+    sm, g = "smollm2-135m-instruct-q4_1.gguf", "gemma3-270m-q4_k_m.gguf"
+
+    def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
+        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{label}\t")]
+        assert len(rows) == 1, (model, task, ctx, label)
+        return int(rows[0][5])
+
+    dca = "dca[S4096 w1024 --dca-yarn-factor {}]"
+    assert found(s7, sm, "passkey", 8192, "plain") == 53
+    assert [found(s7, sm, "passkey", 32768, dca.format(f)) for f in ("0", "4", "7.389", "16")] == [36, 52, 55, 49]
+    assert found(s7, sm, "passkey", 32768, "dca[S4096 w1024]") == 36
+    assert f"{sm}\tpasskey\t32768\t{dca.format(0)} vs dca[S4096 w1024]\tfound\t60\t0\t0\t1" in s7   # run 12 again
+    assert f"{sm}\tpasskey\t32768\t{dca.format(4)} vs {dca.format(0)}\tfound\t60\t21\t5\t0.00249" in s7
+    assert found(s42, sm, "passkey", 8192, "plain") == 24
+    assert [found(s42, sm, "passkey", 32768, dca.format(f)) for f in ("0", "4", "7.389", "16")] == [19, 24, 23, 26]
+    assert [found(s42, sm, "passkey", 16384, dca.format(f)) for f in ("2", "4")] == [24, 29]
+    assert found(s42, g, "passkey", 65536, "dca[S16384 w4096 --dca-yarn-factor 2]") == 19
+    assert found(s42, g, "passkey", 131072, "dca[S16384 w4096 --dca-yarn-factor 4]") == 20
+    assert found(s42, g, "niah_single", 65536, "dca[S16384 w4096 --dca-yarn-factor 2]") == 4
+    assert found(s42, g, "niah_single", 131072, "dca[S16384 w4096 --dca-yarn-factor 4]") == 5
+
+
+def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
+    """run 13's queues: one ruler_run.py run per cell with the seed and the factor as options, in names that never
+    collide (the contexts are in them), 2 threads a server; an unknown queue is refused."""
+    log = tmp_path / "calls"
+    call = ('CALLS=$1; python3() { printf "%s\\n" "$*" >> "$CALLS"; }; MODEL=/m/gemma.gguf SMOL=/m/smol.gguf BIN=/b OUT=/o; '
+            'GPU_ARGS=\'"threads": 8\'; for q in $TEMP_QUEUES; do QUEUE=$q step_temp_queue || exit 1; done')
+    lines_sh = [ln for ln in RUN_SH.read_text().splitlines() if ln.startswith("TEMP_QUEUES=")]
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), "\n".join(lines_sh) + "\n" + call, str(log))
+    assert r.returncode == 0, r.stderr
+    lines = log.read_text().splitlines()
+    names = [ln.split("--name ")[1].split()[0] for ln in lines]
+    assert len(names) == 14 and len(set(names)) == 14
+    opts = {n: json.loads(ln.split("--options ", 1)[1]) for n, ln in zip(names, lines, strict=True)}
+    assert opts["temp-smol-passkey-dca-32768-s7-F4"] == {
+        "tasks": ["passkey"], "methods": ["dca"], "contexts": [32768], "samples": 60, "seed": 7,
+        "dca_args": ["--dca-yarn-factor", "4"], "threads": 2}
+    assert opts["temp-smol-passkey-dca-16384-s42-F4"]["contexts"] == [16384]
+    assert opts["temp-gemma-passkey-dca-131072-s42-F4"]["contexts"] == [131072]
+    assert all(o["threads"] == 2 and "chunk" not in o for o in opts.values())
+    r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
+    assert r.returncode == 1 and "no queue zz" in r.stderr
