@@ -42,7 +42,7 @@ static void usage(const char * argv0) {
         "  -t, --threads N         (default 2)\n"
         "  -v                      llama.cpp logs\n"
 #ifdef DCA
-        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
+        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto\n"
 #endif
         , argv0);
 }

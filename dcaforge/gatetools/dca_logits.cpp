@@ -56,7 +56,7 @@ static void usage(const char * argv0) {
         "                         devices, so N below the layer count is a partial offload)\n"
         "  -v                     llama.cpp logs\n"
 #ifdef DCA
-        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F\n"
+        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto\n"
 #endif
         , argv0);
 }

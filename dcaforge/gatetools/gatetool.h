@@ -66,7 +66,7 @@ struct gate_opts {
     bool      dca       = false;
     int       dca_chunk = 0;
     int       dca_local = 0;
-    float     dca_yarn  = 0.0f;
+    float     dca_yarn  = -1.0f;  // llama.cpp's default: auto (n_ctx / trained context past it); 0 = off
 #endif
 };
 
@@ -100,7 +100,7 @@ static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
     else if (a == "--dca")                          ok = value() && parse_onoff(v, o.dca);
     else if (a == "--dca-chunk-size")               ok = whole(o.dca_chunk);
     else if (a == "--dca-local-size")               ok = whole(o.dca_local);
-    else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = std::stof(v), true);
+    else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = v == "auto" ? -1.0f : std::stof(v), true);
 #endif
     else return 0;
     if (missing) {
