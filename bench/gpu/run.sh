@@ -916,7 +916,7 @@ step_wait_default() { # at most $WAIT s (default 540) for the three queues; what
 # control of this run), 4 (= 4x), 7.389 (x1.2) and 16 (x1.277: 0.2 ln(length / L) + 1 at 4x) at 4x; at 2x SmolLM2 with
 # F = 2 and 4 (the two rules) and gemma-3-270m with F = 2; gemma at 4x with F = 4; one queue each, side by side;
 # perplexity at 2x/4x with the same factors in a queue beside them (temp_ppl)
-TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}
+TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES=auto TEMP_PPL=auto_ppl: the default since run 13
 
 temp_cells() { # queue -> its cells (cells_queue's lines)
     local s=8192 g=32768
@@ -925,7 +925,10 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
              echo "gemma dca passkey 30 $((2 * g)) 42 2"; echo "gemma dca niah_single 12 $((2 * g)) 42 2" ;;
         t4g) echo "gemma dca passkey 30 $((4 * g)) 42 4"; echo "gemma dca niah_single 12 $((4 * g)) 42 4" ;;
-        *) echo "temp_cells: no queue $1 ($TEMP_QUEUES)" >&2; return 1 ;;
+        auto) # the default since run 13 (the temperature per token, no flag): run 13's cells again
+              echo "smol dca passkey 60 $((4 * s)) 7"; echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42"
+              echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g auto)" >&2; return 1 ;;
     esac
 }
 
@@ -945,11 +948,21 @@ step_temp_ppl() { # perplexity over run 3's text: SmolLM2 plain at 1x, the defau
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
+step_auto_ppl() { # the default since run 13 (no --dca-yarn-factor: the per-token temperature) at run 13's lengths
+    ppl_text
+    local keep=("${COMMON[@]}") ctx
+    COMMON=("${SMOL_COMMON[@]}" -t 4)
+    for ctx in 32768 16384; do ppl_one smol-dca-auto "$ctx" --dca on; done
+    COMMON=("${keep[@]}" -t 4)
+    for ctx in 131072 65536; do ppl_one gemma-dca-auto "$ctx" --dca on; done
+    cat "$OUT/${PPL_TSV:-ppl.tsv}"
+}
+
 step_temp_bg() {
     [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
-    detach temp-ppl ~/llb/temp-ppl-out temp_ppl PPL_TSV=temp-ppl.tsv   # its own OUT: a queue's exit packs (and removes) $OUT/ppl
+    detach temp-ppl ~/llb/temp-ppl-out "${TEMP_PPL:-temp_ppl}" PPL_TSV=temp-ppl.tsv   # its own OUT: a queue's exit packs (and removes) $OUT/ppl
     echo "temperature queues started: $TEMP_QUEUES and temp-ppl, side by side"
 }
 

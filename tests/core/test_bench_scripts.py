@@ -566,5 +566,13 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert opts["temp-smol-passkey-dca-16384-s42-F4"]["contexts"] == [16384]
     assert opts["temp-gemma-passkey-dca-131072-s42-F4"]["contexts"] == [131072]
     assert all(o["threads"] == 2 and "chunk" not in o for o in opts.values())
+    auto_log = tmp_path / "auto"
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "auto"), str(auto_log))
+    assert r.returncode == 0, r.stderr
+    auto = {ln.split("--name ")[1].split()[0]: json.loads(ln.split("--options ", 1)[1]) for ln in auto_log.read_text().splitlines()}
+    assert list(auto) == ["temp-smol-passkey-dca-32768-s7", "temp-smol-passkey-dca-32768-s42", "temp-smol-passkey-dca-16384-s42",
+                          "temp-gemma-passkey-dca-65536-131072-s42", "temp-gemma-niah_single-dca-65536-131072-s42"]
+    assert all("dca_args" not in o for o in auto.values())   # the default: no --dca-yarn-factor
+    assert auto["temp-gemma-passkey-dca-65536-131072-s42"]["contexts"] == [65536, 131072]
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
