@@ -9,6 +9,11 @@ GPU box has a llama.cpp build and models, not the git room that `dcaforge gate` 
         the gates' figure from those results (needs matplotlib; run it where the results come back)
     python bench/gpu/ruler_run.py table DIR/ruler-*.json
         one line per task, context and method: score, prompt tokens, prompt speed, peak GPU memory
+    python bench/gpu/ruler_run.py replay DIR/ruler-NAME.json --seed N --samples N --indices 7,8 --server BIN/llama-server \
+        --model M.gguf --out DIR/ruler-NEW.json [--dca-args "--dca-yarn-factor 0"] [--extra-args "-t 2"]
+        chosen DCA samples of an earlier result again, with other DCA flags: each prompt regenerated from (seed, task,
+        index, the record's filler count, samples) and refused unless its sha256 is the recorded one; the result's
+        chunk and local window; writes a result that compare pairs with the earlier one
     python bench/gpu/ruler_run.py compare DIR/ruler-*.json
         per model, task and context: each method's samples found (the gate's score: every expected item as a whole
         word) and, for passkey, answered first (the answer's first number is the key: llama-passkey's "exact"); then
@@ -30,10 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dcaforge import ruler
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate import METHODS, GateResult, measure_ruler, points_table
+from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, method_flags, points_table
 from dcaforge.plot import plot
+from dcaforge.server import LlamaServer
 
 
 def _load(paths: list[str]) -> list[GateResult]:
@@ -69,6 +76,65 @@ def cmd_run(a: argparse.Namespace) -> int:
     print(f"{res.name}: {'PASS' if res.passed else 'FAIL'}: {res.summary}")
     print_table([res])
     return 0 if res.passed else 1
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    if not Path(a.server).is_file() or not Path(a.model).is_file():
+        print(f"replay: no {a.server if not Path(a.server).is_file() else a.model}", file=sys.stderr)
+        return 2
+    old = _load([a.result])[0]
+    want = [int(x) for x in a.indices.split(",")]
+    recs = {x["index"]: x for x in old.metrics.get("samples", []) if x.get("method") == "dca" and x.get("prompt_sha256")}
+    missing = [i for i in want if i not in recs]
+    if missing or len({recs[i]["ctx"] for i in want}) != 1 or len({recs[i]["task"] for i in want}) != 1:
+        print(f"replay: {a.result} has no DCA sample {missing} or they span several lengths or tasks", file=sys.stderr)
+        return 2
+    ctx, task = int(recs[want[0]]["ctx"]), str(recs[want[0]]["task"])
+    texts = {}
+    for i in want:
+        s = ruler.generate(task, a.seed, i, int(recs[i]["n_filler"]), n_samples=a.samples)
+        if ruler.sha256(s.prompt) != recs[i]["prompt_sha256"]:
+            print(f"replay: sample {i} with seed {a.seed} and {a.samples} samples is not the recorded prompt "
+                  "(another seed or sample count, or a chat-wrapped result)", file=sys.stderr)
+            return 2
+        texts[i] = s
+    try:
+        meta = gguf_metadata(Path(a.model))
+    except DcaforgeError as exc:
+        print(f"replay: {exc.message}", file=sys.stderr)
+        return 2
+    arch = str(meta.get("general.architecture", ""))
+    trained = int(old.metrics.get("trained") or meta.get(f"{arch}.context_length", 0))
+    dca_args = a.dca_args.split()
+    args = ["-m", a.model, "-c", str(ctx), "-np", "1", "--cache-ram", "0", "--no-webui", *a.extra_args.split(),
+            *method_flags("dca", ctx, trained, int(old.metrics["chunk"]), int(old.metrics["local"]), dca_args)]
+    if ctx > trained:
+        args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
+    out = Path(a.out)
+    samples = []
+    try:
+        srv = LlamaServer(Path(a.server), args, out.with_suffix(".server.log"), load_timeout=900, request_timeout=7200)
+        srv.start()
+    except DcaforgeError as exc:
+        print(f"replay: {exc.message}", file=sys.stderr)
+        return 1
+    with srv:
+        for i in want:
+            s = texts[i]
+            toks = srv.tokenize(s.prompt)
+            reply = srv.completion(toks, ruler.N_PREDICT[task])
+            answer = str(reply.get("content", ""))
+            score, all_found = ruler.score(s.expected, answer)
+            samples.append({"task": task, "ctx": ctx, "method": "dca", "index": i, "score": score, "all": all_found,
+                            "answer": answer[:2000], "expected": list(s.expected), "prompt_sha256": ruler.sha256(s.prompt),
+                            "prompt_tokens": len(toks), "n_filler": s.n_filler, "depth": round(s.depth, 4)})
+            print(f"{task} #{i}: {len(toks)} tokens, score {score:.2f} (was {recs[i]['score']:.2f}): {answer[:60]!r}", flush=True)
+    metrics = {"model": old.metrics.get("model"), "trained": trained, "methods": ["dca"], "tasks": [task], "contexts": [ctx],
+               "chunk": old.metrics["chunk"], "local": old.metrics["local"], "dca_args": dca_args,
+               "replay_of": Path(a.result).name, "samples": samples}
+    res = GateResult(out.stem, "ruler", True, f"replay of {len(want)} samples of {Path(a.result).name}", metrics)
+    out.write_text(json.dumps(dataclasses.asdict(res), indent=1, sort_keys=True) + "\n")
+    return 0
 
 
 def print_table(results: list[GateResult]) -> None:
@@ -177,9 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("results", nargs="+")
     c = sub.add_parser("compare")
     c.add_argument("results", nargs="+")
+    rp = sub.add_parser("replay")
+    rp.add_argument("result")
+    for opt in ("--server", "--model", "--out", "--indices"):
+        rp.add_argument(opt, required=True)
+    rp.add_argument("--seed", type=int, required=True)
+    rp.add_argument("--samples", type=int, required=True)
+    rp.add_argument("--dca-args", default="")
+    rp.add_argument("--extra-args", default="")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a)
+    if a.cmd == "replay":
+        return cmd_replay(a)
     results = _load(a.results)
     if a.cmd == "table":
         print_table(results)

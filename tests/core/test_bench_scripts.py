@@ -576,3 +576,40 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert auto["temp-gemma-passkey-dca-65536-131072-s42"]["contexts"] == [65536, 131072]
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
+
+
+def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> None:
+    """replay regenerates each chosen prompt and refuses one whose sha256 is not the recorded one (another seed or
+    sample count), an index the result does not hold, and a server that is not there; with the recorded seed the
+    prompts pass and the server is started (here one that is not a server: a clean error, not a refusal)."""
+    import tarfile
+
+    with tarfile.open(RUN13 / "temp.tgz") as t:
+        m = t.getmember("ruler-temp-smol-passkey-dca-32768-s7-F0.json")
+        res = tmp_path / "r.json"
+        res.write_bytes(t.extractfile(m).read())  # type: ignore[union-attr]
+    from dcaforge.gatetools import tiny
+
+    model = tmp_path / "m.gguf"
+    tiny.build("llama", str(model))
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+
+    def replay(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "ruler_run.py"), "replay", str(res), "--model", str(model),
+                               "--out", str(tmp_path / "o.json"), *args], check=False, capture_output=True, text=True)
+
+    r = replay("--server", str(fake), "--seed", "42", "--samples", "60", "--indices", "7,8")
+    assert r.returncode == 2 and "sample 7 with seed 42 and 60 samples is not the recorded prompt" in r.stderr
+    r = replay("--server", str(fake), "--seed", "7", "--samples", "30", "--indices", "7")
+    assert r.returncode == 2 and "not the recorded prompt" in r.stderr
+    r = replay("--server", str(fake), "--seed", "7", "--samples", "60", "--indices", "7,99")
+    assert r.returncode == 2 and "no DCA sample [99]" in r.stderr
+    r = replay("--server", str(tmp_path / "none"), "--seed", "7", "--samples", "60", "--indices", "7")
+    assert r.returncode == 2 and "replay: no " in r.stderr
+    r = replay("--server", str(fake), "--seed", "7", "--samples", "60", "--indices", "7,8,41")
+    assert r.returncode == 1 and "llama-server exited (status 3)" in r.stderr, r.stderr
+    assert not (tmp_path / "o.json").exists()
+    argv = (tmp_path / "o.server.log").read_text().splitlines()[0]
+    assert " -c 32768 " in argv and "--dca on --dca-chunk-size 4096 --dca-local-size 1024 --override-kv" in argv
