@@ -273,13 +273,23 @@ def test_b_fa_on_equals_fa_off(runner, dca_exe, models_dir, arch):
 # qwen3moe model even flips its expert routing at one position), so each tolerance is relative
 # to what the same comparison gives without DCA. With FA off and an f32 cache upstream is
 # ubatch-invariant to ~1e-6 (gemma ~3e-4, its f16 GELU table), which makes those cases sharp.
+# Past L = 256 DCA's default attention temperature sharpens the softmax, and with it two places where rounding
+# jumps: gemma's DCA layers (FA off, f32: 4.5e-5 / 7.4e-5 between ubatch sizes with the temperature off, 1.3e-4 /
+# 1.2e-4 with it; the per-token scale itself is the same at any ubatch size, qwen2 stays at 4.9e-7) and qwen3moe's
+# router, whose top-2 choice sits near a tie at positions 395-399 (FA on: 3.4e-3 without the temperature, 1.2e-2
+# with it, where an expert flips). Those two get floors of their own.
 INV_CASES = [(False, "f32"), (True, "f16")]
 INV_IDS = ["fa-off-f32", "fa-on-f16"]
 N_INV = 400                   # chunks 0, 1, 2
 
 
-def _inv_tol(e_plain: np.ndarray, fa: bool) -> float:
-    return max(1e-3 if fa else 1e-4, 2 * float(e_plain.max()))
+def _inv_tol(e_plain: np.ndarray, fa: bool, arch: str) -> float:
+    floor = 1e-3 if fa else 1e-4
+    if arch in ("gemma3", "gemma4") and not fa:
+        floor = 3e-4
+    if arch == "qwen3moe" and fa:
+        floor = 3e-2
+    return max(floor, 2 * float(e_plain.max()))
 
 
 @pytest.mark.parametrize("ub", [1, 7, 256])
@@ -293,7 +303,7 @@ def test_b_ubatch_size_invariance(runner, dca_exe, models_dir, arch, fa, ct, ub)
         _, ref = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d)
         _, x = runner.run(dca_exe, m, N_INV, ub=ub, fa=fa, ctk=ct, ctv=ct, dca=d)
         e[d] = rel_err(x[0], ref[0])
-    tol = _inv_tol(e[False], fa)
+    tol = _inv_tol(e[False], fa, arch)
     _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}", f"{N_INV} tokens, ubatch {ub} vs {UB} (without DCA: {e[False].max():.2g})",
                           float(e[True][:C].max()), float(e[True][C:].max()), None))
     assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: ubatch {ub} vs {UB} with DCA: {e[True].max():.3g} at position "
@@ -312,7 +322,7 @@ def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa, ct):
         _, two = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d, n_seq=2)
         assert np.isfinite(two).all()
         e[d] = np.maximum(rel_err(two[0], one[0]), rel_err(two[1], one[0]))
-    tol = _inv_tol(e[False], fa)
+    tol = _inv_tol(e[False], fa, arch)
     _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}", f"{N_INV} tokens, 2 sequences vs 1 (without DCA: {e[False].max():.2g})",
                           float(e[True][:C].max()), float(e[True][C:].max()), None))
     assert e[True].max() <= tol, (f"{arch} fa={fa} {ct}: 2 sequences vs 1 with DCA: {e[True].max():.3g} at position "
@@ -357,7 +367,7 @@ def test_b_context_shift(runner, dca_exe, models_dir, arch, fa, ct):
         assert sh.shape[1] == SHIFT_N - SHIFT_P and fr.shape[1] == SHIFT_N - SHIFT_M
         assert np.isfinite(sh).all()
         e[d] = rel_err(sh[0], fr[0, SHIFT_P - SHIFT_M:])
-    tol = _inv_tol(e[False], fa)
+    tol = _inv_tol(e[False], fa, arch)
     _RESULTS["b"].append((arch, f"{'on' if fa else 'off'} {ct}",
                           f"one-layer model, context shift by -{SHIFT_M} vs fresh (without DCA: {e[False].max():.2g})",
                           float("nan"), float(e[True].max()), None))
