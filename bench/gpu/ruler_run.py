@@ -118,7 +118,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     except DcaforgeError as exc:
         print(f"replay: {exc.message}", file=sys.stderr)
         return 1
-    with srv:
+    try:
         for i in want:
             s = texts[i]
             toks = srv.tokenize(s.prompt)
@@ -129,6 +129,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
                             "answer": answer[:2000], "expected": list(s.expected), "prompt_sha256": ruler.sha256(s.prompt),
                             "prompt_tokens": len(toks), "n_filler": s.n_filler, "depth": round(s.depth, 4)})
             print(f"{task} #{i}: {len(toks)} tokens, score {score:.2f} (was {recs[i]['score']:.2f}): {answer[:60]!r}", flush=True)
+    finally:
+        srv.stop()
     metrics = {"model": old.metrics.get("model"), "trained": trained, "methods": ["dca"], "tasks": [task], "contexts": [ctx],
                "chunk": old.metrics["chunk"], "local": old.metrics["local"], "dca_args": dca_args,
                "replay_of": Path(a.result).name, "samples": samples}
