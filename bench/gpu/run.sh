@@ -916,7 +916,7 @@ step_wait_default() { # at most $WAIT s (default 540) for the three queues; what
 # control of this run), 4 (= 4x), 7.389 (x1.2) and 16 (x1.277: 0.2 ln(length / L) + 1 at 4x) at 4x; at 2x SmolLM2 with
 # F = 2 and 4 (the two rules) and gemma-3-270m with F = 2; gemma at 4x with F = 4; one queue each, side by side;
 # perplexity at 2x/4x with the same factors in a queue beside them (temp_ppl)
-TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES=auto TEMP_PPL=auto_ppl: the default since run 13
+TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES="a7 a42 ag" TEMP_PPL=auto_ppl: the default since run 13
 
 temp_cells() { # queue -> its cells (cells_queue's lines)
     local s=8192 g=32768
@@ -925,10 +925,11 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
              echo "gemma dca passkey 30 $((2 * g)) 42 2"; echo "gemma dca niah_single 12 $((2 * g)) 42 2" ;;
         t4g) echo "gemma dca passkey 30 $((4 * g)) 42 4"; echo "gemma dca niah_single 12 $((4 * g)) 42 4" ;;
-        auto) # the default since run 13 (the temperature per token, no flag): run 13's cells again
-              echo "smol dca passkey 60 $((4 * s)) 7"; echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42"
-              echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g auto)" >&2; return 1 ;;
+        # the default since run 13 (the temperature per token, no flag): run 13's cells again, three queues side by side
+        a7) echo "smol dca passkey 60 $((4 * s)) 7" ;;
+        a42) echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42" ;;
+        ag) echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag)" >&2; return 1 ;;
     esac
 }
 
@@ -955,7 +956,18 @@ step_auto_ppl() { # the default since run 13 (no --dca-yarn-factor: the per-toke
     for ctx in 32768 16384; do ppl_one smol-dca-auto "$ctx" --dca on; done
     COMMON=("${keep[@]}" -t 4)
     for ctx in 131072 65536; do ppl_one gemma-dca-auto "$ctx" --dca on; done
+    COMMON=("${SMOL_COMMON[@]}" -t 4)
+    ppl_one smol-dca-F4 16384 --dca on --dca-yarn-factor 4   # run 13's row that did not finish in its budget
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
+}
+
+step_speed_temp() { # the per-token temperature's cost (one ggml_mul on Q per DCA layer): SmolLM2 S6w1 in speed_cells'
+    # cells with the default (the temperature per token) and with --dca-yarn-factor 0 (off: run 11's graph), each
+    # against plain in its own rounds ($ROUNDS, default 3)
+    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
+    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
+    speed_cells smol-auto "$SMOL" 3 66048 32768,65536 "${dca[@]}"
+    speed_cells smol-F0 "$SMOL" 3 66048 32768,65536 "${dca[@]}" --dca-yarn-factor 0
 }
 
 step_temp_bg() {
@@ -994,7 +1006,7 @@ step_report() { # the short table: speed ratios, RULER scores per task/length/me
 }
 
 pack_logs() { # at most 8 files come back from a command: the per-run logs travel as one archive
-    local dirs=(); for d in passkey ppl speed-smol speed-qwen speed-qwen05 speed-diag speed-mem ktrace timeline; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
+    local dirs=(); for d in passkey ppl speed-smol speed-smol-auto speed-smol-F0 speed-qwen speed-qwen05 speed-diag speed-mem ktrace timeline; do [ -d "$OUT/$d" ] && dirs+=("$d"); done
     [ ${#dirs[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${dirs[@]}" && rm -rf "${dirs[@]/#/$OUT/}"
     true
 }

@@ -567,7 +567,7 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert opts["temp-gemma-passkey-dca-131072-s42-F4"]["contexts"] == [131072]
     assert all(o["threads"] == 2 and "chunk" not in o for o in opts.values())
     auto_log = tmp_path / "auto"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "auto"), str(auto_log))
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "a7 a42 ag"), str(auto_log))
     assert r.returncode == 0, r.stderr
     auto = {ln.split("--name ")[1].split()[0]: json.loads(ln.split("--options ", 1)[1]) for ln in auto_log.read_text().splitlines()}
     assert list(auto) == ["temp-smol-passkey-dca-32768-s7", "temp-smol-passkey-dca-32768-s42", "temp-smol-passkey-dca-16384-s42",
