@@ -605,6 +605,21 @@ def _ruler_contexts(g: GateConfig, trained: int) -> list[int]:
     return sorted(set(ctxs))
 
 
+def ruler_server_args(model: str | os.PathLike[str], method: str, ctx: int, trained: int, arch: str, chunk: int,
+                      local: int, dca_args: Sequence[str] = (), extra_args: Sequence[str] = (), *,
+                      threads: int | None = None, yarn_factor: float = 0.0) -> list[str]:
+    """llama-server's arguments (after the binary) for one RULER server: ``model`` at context ``ctx``, one
+    slot, no prompt cache, no web UI, ``-t threads`` when given, ``extra_args``, the method's flags (see
+    :func:`method_flags`) and, past the trained length, ``--override-kv <arch>.context_length=int:<ctx>``
+    (llama-server caps a slot at the trained length: past it, say the length is ctx)."""
+    args = ["-m", str(model), "-c", str(ctx), "-np", "1", *(["-t", str(threads)] if threads is not None else []),
+            "--cache-ram", "0", "--no-webui", *extra_args,
+            *method_flags(method, ctx, trained, chunk, local, dca_args, yarn_factor)]
+    if ctx > trained:
+        args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
+    return args
+
+
 def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
     """RULER tasks served by the clean room's llama-server (see :func:`measure_ruler`)."""
     model = c.model(g)
@@ -671,11 +686,8 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
 
     for ctx in contexts:
         for method in methods:
-            args = ["-m", str(model), "-c", str(ctx), "-np", "1", "-t", str(threads), "--cache-ram", "0", "--no-webui",
-                    *extra, *method_flags(method, ctx, trained, chunk, local, [str(a) for a in _opt(g, "dca_args")],
-                                          float(_opt(g, "yarn_factor")))]
-            if ctx > trained:  # llama-server caps a slot at the trained length: past it, say the length is ctx
-                args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
+            args = ruler_server_args(model, method, ctx, trained, arch, chunk, local, [str(a) for a in _opt(g, "dca_args")],
+                                     extra, threads=threads, yarn_factor=float(_opt(g, "yarn_factor")))
             step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}")
             server_error: str | None = None
             t_server = time.monotonic()

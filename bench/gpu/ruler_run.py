@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dcaforge import ruler
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, method_flags, points_table
+from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, points_table, ruler_server_args
 from dcaforge.plot import plot
 from dcaforge.server import LlamaServer
 
@@ -106,10 +106,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
     arch = str(meta.get("general.architecture", ""))
     trained = int(old.metrics.get("trained") or meta.get(f"{arch}.context_length", 0))
     dca_args = a.dca_args.split()
-    args = ["-m", a.model, "-c", str(ctx), "-np", "1", "--cache-ram", "0", "--no-webui", *a.extra_args.split(),
-            *method_flags("dca", ctx, trained, int(old.metrics["chunk"]), int(old.metrics["local"]), dca_args)]
-    if ctx > trained:
-        args += ["--override-kv", f"{arch}.context_length=int:{ctx}"]
+    # no -t (llama-server picks its threads) and the default YaRN factor, unlike measure_ruler's gate options
+    args = ruler_server_args(a.model, "dca", ctx, trained, arch, int(old.metrics["chunk"]), int(old.metrics["local"]),
+                             dca_args, a.extra_args.split())
     out = Path(a.out)
     samples = []
     try:

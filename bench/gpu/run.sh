@@ -925,7 +925,8 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
              echo "gemma dca passkey 30 $((2 * g)) 42 2"; echo "gemma dca niah_single 12 $((2 * g)) 42 2" ;;
         t4g) echo "gemma dca passkey 30 $((4 * g)) 42 4"; echo "gemma dca niah_single 12 $((4 * g)) 42 4" ;;
-        # the default since run 13 (the temperature per token, no flag): run 13's cells again, three queues side by side
+        # run 14: the default of run 13's commit (the temperature per token, no flag) on run 13's cells, three queues
+        # side by side (since run 14 the default is the static F = n_ctx / L: run 13's F = 4 / F = 2 cells measure it)
         a7) echo "smol dca passkey 60 $((4 * s)) 7" ;;
         a42) echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42" ;;
         ag) echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
@@ -949,7 +950,7 @@ step_temp_ppl() { # perplexity over run 3's text: SmolLM2 plain at 1x, the defau
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
-step_auto_ppl() { # the default since run 13 (no --dca-yarn-factor: the per-token temperature) at run 13's lengths
+step_auto_ppl() { # the default (no --dca-yarn-factor; run 14 measured run 13's per-token form with it) at run 13's lengths
     ppl_text
     local keep=("${COMMON[@]}") ctx
     COMMON=("${SMOL_COMMON[@]}" -t 4)
@@ -961,9 +962,9 @@ step_auto_ppl() { # the default since run 13 (no --dca-yarn-factor: the per-toke
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
-step_speed_temp() { # the per-token temperature's cost (one ggml_mul on Q per DCA layer): SmolLM2 S6w1 in speed_cells'
-    # cells with the default (the temperature per token) and with --dca-yarn-factor 0 (off: run 11's graph), each
-    # against plain in its own rounds ($ROUNDS, default 3)
+step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells with the default (run 14: per token,
+    # one ggml_mul on Q per DCA layer; since then the static factor, a constant in the attention's scale) and with
+    # --dca-yarn-factor 0 (off: run 11's graph), each against plain in its own rounds ($ROUNDS, default 3)
     [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
     local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
     speed_cells smol-auto "$SMOL" 3 66048 32768,65536 "${dca[@]}"

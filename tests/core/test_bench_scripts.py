@@ -547,6 +547,62 @@ def test_run13_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert found(s42, g, "niah_single", 131072, "dca[S16384 w4096 --dca-yarn-factor 4]") == 5
 
 
+RUN14 = ROOT / "bench" / "gpu" / "2026-12-03-run14"
+
+
+def test_run14_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-14 table (run 13's per-token default on run 13's prompts): compare over the committed samples
+    of runs 12, 13 and 14 gives the committed compare-s7.txt / compare-s42.txt byte for byte and the counts and
+    paired tests quoted; the perplexity and speed figures quoted are the committed tables'."""
+    import tarfile
+
+    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
+    for tgz in (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz", RUN14 / "temp.tgz"):
+        with tarfile.open(tgz) as t:
+            for m in t.getmembers():
+                if m.isfile() and m.name.endswith(".json"):
+                    (tmp_path / Path(m.name).name).write_bytes(t.extractfile(m).read())  # type: ignore[union-attr]
+
+    def compare(*patterns: str) -> str:
+        names = [str(p) for pat in patterns for p in sorted(tmp_path.glob(pat))]
+        r = subprocess.run([sys.executable, script, "compare", *names], check=False, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    s7 = compare("ruler-temp-*-s7*.json", "ruler-s7-plain-1x.json", "ruler-s7-yarn.json")
+    s42 = compare("ruler-temp-*-s42*.json", "ruler-def-*-1x.json", "ruler-def-*-yarn.json")
+    assert s7 == (RUN14 / "compare-s7.txt").read_text()
+    assert s42 == (RUN14 / "compare-s42.txt").read_text()
+    sm, g = "smollm2-135m-instruct-q4_1.gguf", "gemma3-270m-q4_k_m.gguf"
+
+    def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
+        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{label}\t")]
+        assert len(rows) == 1, (model, task, ctx, label)
+        return int(rows[0][5])
+
+    per_token, static = "dca[S4096 w1024]", "dca[S4096 w1024 --dca-yarn-factor {}]"
+    assert [found(s7, sm, "passkey", 32768, x) for x in (per_token, static.format(0), static.format(4))] == [34, 36, 52]
+    assert [found(s42, sm, "passkey", 32768, x) for x in (per_token, static.format(0), static.format(4))] == [16, 19, 24]
+    assert [found(s42, sm, "passkey", 16384, x) for x in (per_token, static.format(2))] == [23, 24]
+    assert found(s7, sm, "passkey", 8192, "plain") == 53 and found(s42, sm, "passkey", 8192, "plain") == 24
+    gd = "dca[S16384 w4096]"
+    assert [found(s42, g, "passkey", c, gd) for c in (65536, 131072)] == [19, 19]
+    assert [found(s42, g, "niah_single", c, gd) for c in (65536, 131072)] == [3, 5]
+    assert f"{sm}\tpasskey\t32768\t{static.format(4)} vs {per_token}\tfound\t60\t20\t2\t0.000121" in s7
+    assert f"{sm}\tpasskey\t32768\t{static.format(0)} vs {per_token}\tfound\t60\t7\t5\t0.774" in s7
+    assert f"{sm}\tpasskey\t32768\t{static.format(4)} vs {per_token}\tfound\t30\t8\t0\t0.00781" in s42
+    ppl = {(r[0], r[1]): r[4].split()[0] for r in (ln.split("\t") for ln in (RUN14 / "temp-ppl.tsv").read_text().splitlines()[1:])}
+    assert ppl == {("smol-dca-auto", "32768"): "2.6866", ("smol-dca-auto", "16384"): "2.6929",
+                   ("gemma-dca-auto", "131072"): "2.8152", ("gemma-dca-auto", "65536"): "2.6450",
+                   ("smol-dca-F4", "16384"): "2.7295"}
+
+    def ratios(name: str) -> list[tuple[str, str]]:
+        rows = [ln.split() for ln in (RUN14 / name).read_text().splitlines() if ln[:1].isdigit()]
+        return [(r[3], r[4]) for r in rows]
+    assert ratios("speed-smol-auto-ratios.txt") == [("0.921", "0.826"), ("0.925", "0.909"), ("0.867", "0.868"), ("1.321", "0.821")]
+    assert ratios("speed-smol-F0-ratios.txt") == [("0.978", "1.026"), ("0.995", "1.181"), ("0.895", "0.990"), ("1.392", "0.932")]
+
+
 def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     """run 13's queues: one ruler_run.py run per cell with the seed and the factor as options, in names that never
     collide (the contexts are in them), 2 threads a server; an unknown queue is refused."""
@@ -613,3 +669,11 @@ def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> Non
     assert not (tmp_path / "o.json").exists()
     argv = (tmp_path / "o.server.log").read_text().splitlines()[0]
     assert " -c 32768 " in argv and "--dca on --dca-chunk-size 4096 --dca-local-size 1024 --override-kv" in argv
+    # the arguments are gate.ruler_server_args' (measure_ruler's), without -t: 32768 is past the recorded L 8192
+    from dcaforge.gate import ruler_server_args
+
+    old = json.loads(res.read_text())["metrics"]
+    assert old["trained"] == 8192 and old["chunk"] == 4096 and old["local"] == 1024
+    assert argv.split(" --host ")[0] == "$ " + " ".join([str(fake), *ruler_server_args(str(model), "dca", 32768, 8192, "llama",
+                                                                                      4096, 1024)])
+    assert " --override-kv llama.context_length=int:32768 --host " in argv and " -t " not in argv

@@ -155,6 +155,23 @@ def test_method_flags() -> None:
         "--dca", "on", "--dca-chunk-size", "768", "--dca-local-size", "128", "--dca-yarn-factor", "4"]
 
 
+def test_ruler_server_args() -> None:
+    """One list for measure_ruler and ruler_run.py replay: past the trained length the context length is overridden,
+    inside it not; -t only when threads are given; extra args before the method's flags."""
+    from dcaforge.gate import ruler_server_args
+
+    assert ruler_server_args(Path("m.gguf"), "dca", 4096, 1024, "llama", 512, 128, ["--dca-yarn-factor", "4"], ["-fa", "on"],
+                             threads=8) == [
+        "-m", "m.gguf", "-c", "4096", "-np", "1", "-t", "8", "--cache-ram", "0", "--no-webui", "-fa", "on",
+        "--dca", "on", "--dca-chunk-size", "512", "--dca-local-size", "128", "--dca-yarn-factor", "4",
+        "--override-kv", "llama.context_length=int:4096"]
+    assert ruler_server_args("m.gguf", "yarn", 1024, 1024, "qwen2", 512, 128, yarn_factor=2) == [
+        "-m", "m.gguf", "-c", "1024", "-np", "1", "--cache-ram", "0", "--no-webui",
+        "--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "1024"]
+    assert ruler_server_args("m.gguf", "plain", 512, 1024, "llama", 0, 0, threads=4) == [
+        "-m", "m.gguf", "-c", "512", "-np", "1", "-t", "4", "--cache-ram", "0", "--no-webui"]
+
+
 def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk/local grid: methods named dca-<setting> beside plain / YaRN / DCA, each its own label and colour, and a
     capped perplexity axis that writes the values above the cap."""

@@ -166,14 +166,14 @@ def test_linear_rope_scaling_composes_with_dca(exe, models, tmp_path, fa):
     assert "DCA over the model's linear rope scaling (factor 4" in r.stderr, r.stderr[-3000:]
     _, off = run(exe, m, tmp_path / "off.f32", *args, "--dca", "off")
     ref_off = reference.forward(m, "qwen2", toks, None, freq_scale=0.25)
-    ref_on = reference.forward(m, "qwen2", toks, (192, 32), freq_scale=0.25, dca_temp_len=0)   # no temperature over a scaled rope
+    ref_on = reference.forward(m, "qwen2", toks, (192, 32), freq_scale=0.25)   # no temperature over a scaled rope (auto)
     tol = 1e-3 if fa == "off" else 1e-2
     e_off = rel_err(off, ref_off).max()
     assert e_off < tol, f"the reference itself is off by {e_off:.3g} (scaled rope, no DCA)"
     e_on = rel_err(on, ref_on)
     assert e_on.max() < max(tol, 3 * e_off), f"DCA over linear x4 vs the reference: {e_on.max():.3g} at {e_on.argmax()}"
     # and not the unscaled rope: the reference without the scaling is far
-    assert rel_err(on, reference.forward(m, "qwen2", toks, (192, 32), dca_temp_len=0))[200:].max() > 10 * e_on.max()
+    assert rel_err(on, reference.forward(m, "qwen2", toks, (192, 32)))[200:].max() > 10 * e_on.max()
 
 
 def test_yarn_rope_scaling_composes_with_dca(exe, models, tmp_path):

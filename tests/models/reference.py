@@ -10,8 +10,8 @@ shared-KV layers) and DCA from ../../shared/reference/dca.md's table, not from t
   succ   n(j) == n(i) - 1  q at min(p_i mod c + c, S)   k at p_j mod c
   inter  n(j) <= n(i) - 2  q at S                       k at p_j mod c
   one softmax over the whole causal row.
-  DCA layers' logits of the query at p_i x (0.1 ln((p_i + 1) / L) + 1) past L: llama.cpp's automatic attention
-  temperature (the default of --dca-yarn-factor; dca_temp_len = L, 0 = off).
+  DCA layers' logits x (0.1 ln F + 1) for a factor F > 1: llama.cpp's attention temperature (--dca-yarn-factor;
+  its default, auto, is F = n_ctx_seq / L past L: auto_factor()).
 
 DCA applies to every layer of qwen2/qwen3/qwen3moe/llama and to the global (non-sliding)
 layers of gemma3/gemma4. Single sequence, positions 0..n-1.
@@ -32,10 +32,13 @@ import numpy as np
 from dcaforge.gatetools import tiny
 
 
-def _temperature(pos: np.ndarray, L: int) -> np.ndarray:
-    """Per query position: 0.1 ln((p + 1) / L) + 1 past L, else 1."""
-    length = pos.astype(np.float64) + 1.0
-    return np.where(length > L, 0.1 * np.log(np.maximum(length, 1.0) / L) + 1.0, 1.0)
+def auto_factor(n_ctx: int, n_seq: int = 1, unified: bool = False, n_ctx_train: int = tiny.N_CTX_TRAIN) -> float:
+    """The factor --dca-yarn-factor auto (llama.cpp's default) takes for a context made with -c n_ctx: n_ctx_seq
+    (n_ctx padded to 256, per sequence unless unified, padded again) over the trained context past it, else 0 (off)."""
+    def pad(x: int) -> int:
+        return (x + 255) // 256 * 256
+    n_ctx_seq = pad(n_ctx) if unified else pad(pad(n_ctx) // n_seq)
+    return n_ctx_seq / n_ctx_train if n_ctx_seq > n_ctx_train else 0.0
 
 
 def load_tensors(path: str) -> dict[str, np.ndarray]:
@@ -132,13 +135,13 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
             cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0,
-            embd: tuple[int, np.ndarray, bool] | None = None, dca_temp_len: int = tiny.N_CTX_TRAIN) -> np.ndarray:
+            embd: tuple[int, np.ndarray, bool] | None = None, dca_factor: float = 0.0) -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
     such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling;
     embd = (P, vectors [M, n_embd], non_causal): positions [P, P + M) take the vectors instead of
-    their tokens (see the module's docstring); dca_temp_len: L of the automatic temperature (0: off, as
-    --dca-yarn-factor 0 or a scaled rope)."""
+    their tokens (see the module's docstring); dca_factor: F of the attention temperature on the DCA layers
+    (0: off, as --dca-yarn-factor 0 or a scaled rope; auto_factor(n_ctx) for llama.cpp's default)."""
     spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -225,8 +228,8 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             kq_scale = 1.0
         else:
             kq_scale = 1.0 / np.sqrt(hd)
-        if is_dca and dca_temp_len:   # on Q's rows, before the rounding to K's vec_dot type, as llama.cpp scales them
-            qs = [qq * _temperature(pos, dca_temp_len)[:, None, None] for qq in qs]
+        if is_dca and dca_factor > 1.0:   # in the attention's scale, as llama.cpp's kq_scale (after Q's rounding)
+            kq_scale *= 0.1 * np.log(dca_factor) + 1.0
         if cache_types is not None:
             qs = [_roundtrip(qq, _q_vec_dot_type(cache_types[0])) for qq in qs]
 
