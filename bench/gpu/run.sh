@@ -930,7 +930,9 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         a7) echo "smol dca passkey 60 $((4 * s)) 7" ;;
         a42) echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42" ;;
         ag) echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag)" >&2; return 1 ;;
+        # run 15: the static default (no flag, F = n_ctx / L) on run 13's seed-42 4x cell, whose F = 4 it must repeat
+        d42) echo "smol dca passkey 30 $((4 * s)) 42" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42)" >&2; return 1 ;;
     esac
 }
 
@@ -975,12 +977,13 @@ step_temp_bg() {
     [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
-    detach temp-ppl ~/llb/temp-ppl-out "${TEMP_PPL:-temp_ppl}" PPL_TSV=temp-ppl.tsv   # its own OUT: a queue's exit packs (and removes) $OUT/ppl
-    echo "temperature queues started: $TEMP_QUEUES and temp-ppl, side by side"
+    # its own OUT: a queue's exit packs (and removes) $OUT/ppl; TEMP_PPL=none: no perplexity queue
+    [ "${TEMP_PPL:-temp_ppl}" = none ] || detach temp-ppl ~/llb/temp-ppl-out "${TEMP_PPL:-temp_ppl}" PPL_TSV=temp-ppl.tsv
+    echo "temperature queues started: $TEMP_QUEUES${TEMP_PPL:+ and $TEMP_PPL}, side by side"
 }
 
 step_wait_temp() { # at most $WAIT s (default 540) for the queues; what they have comes back
-    local q tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
+    local q tags=(); [ "${TEMP_PPL:-temp_ppl}" = none ] || tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
     wait_queues "${tags[@]}"
     cp ~/llb/temp-ppl-out/temp-ppl.tsv "$OUT/" 2>/dev/null
     (cd ~/llb/temp-out && tar czf "$OUT/temp.tgz" ruler-temp-*.json logs-temp-* 2>/dev/null)

@@ -630,6 +630,10 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
                           "temp-gemma-passkey-dca-65536-131072-s42", "temp-gemma-niah_single-dca-65536-131072-s42"]
     assert all("dca_args" not in o for o in auto.values())   # the default: no --dca-yarn-factor
     assert auto["temp-gemma-passkey-dca-65536-131072-s42"]["contexts"] == [65536, 131072]
+    d42_log = tmp_path / "d42"
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "d42"), str(d42_log))
+    assert r.returncode == 0, r.stderr
+    assert [ln.split("--name ")[1].split()[0] for ln in d42_log.read_text().splitlines()] == ["temp-smol-passkey-dca-32768-s42"]
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
 

@@ -88,14 +88,15 @@ def logits_exe(serve_tree) -> str:
     return build_logits.build(serve_tree.src, serve_tree.build, dca=True)
 
 
-def alone(exe: str, tokens: list[int], tmp: Path, *extra: str) -> np.ndarray:
-    """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic
-    (extra: the cache and flash attention settings, as the server's)."""
+def alone(exe: str, tokens: list[int], tmp: Path, n_ctx: int, *extra: str) -> np.ndarray:
+    """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic, in a context
+    of n_ctx (the server slot's n_ctx_seq: DCA's default attention temperature is F = n_ctx_seq / L; extra: the cache
+    and flash attention settings, as the server's)."""
     import subprocess
     tok = tmp / f"tok{len(tokens)}.txt"
     tok.write_text(" ".join(map(str, tokens)))
     out = tmp / f"out{len(tokens)}.f32"
-    r = subprocess.run([exe, "-m", str(MODEL), "--tokens", str(tok), "-o", str(out), "-fa", "on", "-b", "512",
+    r = subprocess.run([exe, "-m", str(MODEL), "--tokens", str(tok), "-o", str(out), "-c", str(n_ctx), "-fa", "on", "-b", "512",
                         "-ub", "512", "-t", "2", "--dca", "on", *extra],
                        capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -104,12 +105,13 @@ def alone(exe: str, tokens: list[int], tmp: Path, *extra: str) -> np.ndarray:
     return x / x.sum(axis=1, keepdims=True)
 
 
-def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, cache: str = "f16",
+def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, n_ctx_seq: int, cache: str = "f16",
                 extra: tuple[str, ...] = ()) -> float:
-    """The answer equals the prompt + its answer evaluated alone; returns the largest L2-relative error."""
+    """The answer equals the prompt + its answer evaluated alone in a context of the slot's n_ctx_seq; returns the
+    largest L2-relative error."""
     ids, dist = answer(res)
     assert len(ids) == N_PREDICT, f"{what}: {len(ids)} tokens"
-    ref = alone(exe, toks + ids, tmp, *extra)
+    ref = alone(exe, toks + ids, tmp, n_ctx_seq, *extra)
     rows = ref[len(toks) - 1: len(toks) - 1 + len(ids)]
     assert ids == [int(r.argmax()) for r in rows], f"{what}: greedy tokens differ from the sequence alone"
     err = max(l2rel(dist[i], rows[i]) for i in range(len(ids)))
@@ -153,10 +155,11 @@ def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, name, unif
         one_by_one = [complete(srv, p) for p in prompts] if name == "per-slot-kv" else []
         assert srv.wait_output("DCA on: chunk size S = 128, local window w = 32"), srv.output()[-3000:]
     errs = []
+    n_ctx_seq = N_CTX if unified else N_CTX // 4   # a unified cache gives every slot the whole context
     for i, p in enumerate(prompts):
-        errs.append(check_alone(logits_exe, tmp_path, p, results[i], f"concurrent prompt {len(p)}", cache, extra))
+        errs.append(check_alone(logits_exe, tmp_path, p, results[i], f"concurrent prompt {len(p)}", n_ctx_seq, cache, extra))
         if one_by_one:
-            check_alone(logits_exe, tmp_path, p, one_by_one[i], f"one-by-one prompt {len(p)}", cache, extra)
+            check_alone(logits_exe, tmp_path, p, one_by_one[i], f"one-by-one prompt {len(p)}", n_ctx_seq, cache, extra)
             assert answer(results[i])[0] == answer(one_by_one[i])[0]
     print(f"{name}: largest L2-relative error vs alone per prompt: {[f'{e:.2e}' for e in errs]}")
 
@@ -212,7 +215,7 @@ def test_slot_save_restore_and_refusals(serve_tree, logits_exe, tmp_path):
         # the restored cache serves the prompt: only the new tail is evaluated
         res = complete(srv, p + prompt(40, 9000)[1:], id_slot=0, cache_prompt=True)
         assert res["timings"]["cache_n"] >= len(p) - 1, res["timings"]
-        check_alone(logits_exe, tmp_path, p + prompt(40, 9000)[1:], res, "after restore")
+        check_alone(logits_exe, tmp_path, p + prompt(40, 9000)[1:], res, "after restore", 2048 // 2)
     with LlamaServer(exe, [*base, "--dca", "off"], LOGS / "slots-plain.log") as srv:
         status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "dca.bin"})
         assert status != 200, out
