@@ -938,29 +938,33 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
 
 step_temp_queue() { DEFAULT_ARGS=${GPU_ARGS/\"threads\": 8/\"threads\": 2} cells_queue temp temp_cells "${QUEUE:?}"; }   # 7 queues, 16 cores
 
+ppl_model() { # smol|gemma name ctx extra...: ppl_one with that model's common arguments and 4 threads (COMMON kept)
+    local keep=("${COMMON[@]}")
+    [ "$1" = smol ] && COMMON=("${SMOL_COMMON[@]}")
+    COMMON+=(-t 4)
+    shift
+    ppl_one "$@"
+    COMMON=("${keep[@]}")
+}
+
 step_temp_ppl() { # perplexity over run 3's text: SmolLM2 plain at 1x, the default at 4x with F 0 / 4 / 16 and at 2x with
     # F 0 / 2 / 4; gemma the default at 4x with F 0 / 4 and at 2x with F 2 (one at a time: gemma's 128k logits take 68 GB)
     ppl_text
-    local keep=("${COMMON[@]}") F ctx
-    COMMON=("${SMOL_COMMON[@]}" -t 4)
-    ppl_one smol-plain 8192
-    for F in 0 4 16; do ppl_one "smol-dca-F$F" 32768 --dca on --dca-yarn-factor "$F"; done
-    for F in 0 2 4; do ppl_one "smol-dca-F$F" 16384 --dca on --dca-yarn-factor "$F"; done
-    COMMON=("${keep[@]}" -t 4)
-    for F in 4 0; do ppl_one "gemma-dca-F$F" 131072 --dca on --dca-yarn-factor "$F"; done
-    ppl_one gemma-dca-F2 65536 --dca on --dca-yarn-factor 2
+    local F
+    ppl_model smol smol-plain 8192
+    for F in 0 4 16; do ppl_model smol "smol-dca-F$F" 32768 --dca on --dca-yarn-factor "$F"; done
+    for F in 0 2 4; do ppl_model smol "smol-dca-F$F" 16384 --dca on --dca-yarn-factor "$F"; done
+    for F in 4 0; do ppl_model gemma "gemma-dca-F$F" 131072 --dca on --dca-yarn-factor "$F"; done
+    ppl_model gemma gemma-dca-F2 65536 --dca on --dca-yarn-factor 2
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
 step_auto_ppl() { # the default (no --dca-yarn-factor; run 14 measured run 13's per-token form with it) at run 13's lengths
     ppl_text
-    local keep=("${COMMON[@]}") ctx
-    COMMON=("${SMOL_COMMON[@]}" -t 4)
-    for ctx in 32768 16384; do ppl_one smol-dca-auto "$ctx" --dca on; done
-    COMMON=("${keep[@]}" -t 4)
-    for ctx in 131072 65536; do ppl_one gemma-dca-auto "$ctx" --dca on; done
-    COMMON=("${SMOL_COMMON[@]}" -t 4)
-    ppl_one smol-dca-F4 16384 --dca on --dca-yarn-factor 4   # run 13's row that did not finish in its budget
+    local ctx
+    for ctx in 32768 16384; do ppl_model smol smol-dca-auto "$ctx" --dca on; done
+    for ctx in 131072 65536; do ppl_model gemma gemma-dca-auto "$ctx" --dca on; done
+    ppl_model smol smol-dca-F4 16384 --dca on --dca-yarn-factor 4   # run 13's row that did not finish in its budget
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 

@@ -603,6 +603,31 @@ def test_run14_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert ratios("speed-smol-F0-ratios.txt") == [("0.978", "1.026"), ("0.995", "1.181"), ("0.895", "0.990"), ("1.392", "0.932")]
 
 
+def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> None:
+    """step_temp_ppl / step_auto_ppl: each perplexity run gets its own model's common arguments and 4 threads, and the
+    common arguments are the gemma ones again after a SmolLM2 run (llama-perplexity here is a script that logs its
+    arguments)."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "llama-perplexity"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    call = ('OUT="$1"; BIN="$2"; mkdir -p "$OUT/ppl"; ppl_text() { :; }; COMMON=(-m gemma.gguf -ngl 99); '
+            'SMOL_COMMON=(-m smol.gguf -ngl 99); step_temp_ppl > /dev/null && step_auto_ppl > /dev/null && echo "${COMMON[*]}"')
+    r = run_sh_functions(("ppl_one", "ppl_model", "step_temp_ppl", "step_auto_ppl"), call, str(tmp_path / "out"), str(fake.parent))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "-m gemma.gguf -ngl 99"
+    calls = [ln.split(" -f ")[0] for ln in log.read_text().splitlines()]
+    assert len(calls) == 10 + 5
+    assert calls[0] == "-m smol.gguf -ngl 99 -t 4"
+    assert calls[1] == "-m smol.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 0"
+    assert calls[7] == "-m gemma.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 4"
+    assert calls[10:] == ["-m smol.gguf -ngl 99 -t 4 --dca on"] * 2 + ["-m gemma.gguf -ngl 99 -t 4 --dca on"] * 2 \
+        + ["-m smol.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 4"]
+    names = [ln.split("\t")[:2] for ln in (tmp_path / "out" / "ppl.tsv").read_text().splitlines()]
+    assert names[0] == ["smol-plain", "8192"] and names[-1] == ["smol-dca-F4", "16384"]
+
+
 def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     """run 13's queues: one ruler_run.py run per cell with the seed and the factor as options, in names that never
     collide (the contexts are in them), 2 threads a server; an unknown queue is refused."""
