@@ -499,17 +499,12 @@ def test_run12_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert f"{sm}\tpasskey\t8192\tplain\t60\t53\t53" in s7 and f"{sm}\tpasskey\t32768\tdca\t60\t36\t36" in s7
 
 
-RUN13 = ROOT / "bench" / "gpu" / "2026-12-03-run13"
-
-
-def test_run13_results_give_the_figures_quoted(tmp_path: Path) -> None:
-    """RESULTS.md's run-13 table (DCA's attention temperature): compare over the committed samples of runs 12 and 13
-    gives the committed compare-s7.txt / compare-s42.txt byte for byte and the counts quoted; run 13's control (the
-    factor off) answers every prompt as run 12 did."""
+def _results_compare(tmp_path: Path, tgzs: tuple[Path, ...]):
+    """Unpacks the ruler_run.py results (*.json) of the committed archives into tmp_path and returns a function that runs
+    ``ruler_run.py compare`` over the files matching the glob patterns given, in that order (each pattern sorted)."""
     import tarfile
 
-    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
-    for tgz in (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz"):
+    for tgz in tgzs:
         with tarfile.open(tgz) as t:
             for m in t.getmembers():
                 if m.isfile() and m.name.endswith(".json"):
@@ -517,20 +512,33 @@ def test_run13_results_give_the_figures_quoted(tmp_path: Path) -> None:
 
     def compare(*patterns: str) -> str:
         names = [str(p) for pat in patterns for p in sorted(tmp_path.glob(pat))]
-        r = subprocess.run([sys.executable, script, "compare", *names], check=False, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "ruler_run.py"), "compare", *names],
+                           check=False, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         return r.stdout
+    return compare
 
+
+def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
+    """The keys found in one row of a ``ruler_run.py compare`` output (model, task, context, method label)."""
+    rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{label}\t")]
+    assert len(rows) == 1, (model, task, ctx, label)
+    return int(rows[0][5])
+
+
+RUN13 = ROOT / "bench" / "gpu" / "2026-12-03-run13"
+
+
+def test_run13_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-13 table (DCA's attention temperature): compare over the committed samples of runs 12 and 13
+    gives the committed compare-s7.txt / compare-s42.txt byte for byte and the counts quoted; run 13's control (the
+    factor off) answers every prompt as run 12 did."""
+    compare = _results_compare(tmp_path, (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz"))
     s7 = compare("ruler-temp-*-s7-*.json", "ruler-s7-plain-1x.json", "ruler-s7-yarn.json", "ruler-s7-dca-default.json")
     s42 = compare("ruler-temp-*-s42-*.json", "ruler-def-*.json")
     assert s7 == (RUN13 / "compare-s7.txt").read_text()
     assert s42 == (RUN13 / "compare-s42.txt").read_text()
     sm, g = "smollm2-135m-instruct-q4_1.gguf", "gemma3-270m-q4_k_m.gguf"
-
-    def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
-        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{label}\t")]
-        assert len(rows) == 1, (model, task, ctx, label)
-        return int(rows[0][5])
 
     dca = "dca[S4096 w1024 --dca-yarn-factor {}]"
     assert found(s7, sm, "passkey", 8192, "plain") == 53
@@ -554,31 +562,12 @@ def test_run14_results_give_the_figures_quoted(tmp_path: Path) -> None:
     """RESULTS.md's run-14 table (run 13's per-token default on run 13's prompts): compare over the committed samples
     of runs 12, 13 and 14 gives the committed compare-s7.txt / compare-s42.txt byte for byte and the counts and
     paired tests quoted; the perplexity and speed figures quoted are the committed tables'."""
-    import tarfile
-
-    script = str(ROOT / "bench" / "gpu" / "ruler_run.py")
-    for tgz in (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz", RUN14 / "temp.tgz"):
-        with tarfile.open(tgz) as t:
-            for m in t.getmembers():
-                if m.isfile() and m.name.endswith(".json"):
-                    (tmp_path / Path(m.name).name).write_bytes(t.extractfile(m).read())  # type: ignore[union-attr]
-
-    def compare(*patterns: str) -> str:
-        names = [str(p) for pat in patterns for p in sorted(tmp_path.glob(pat))]
-        r = subprocess.run([sys.executable, script, "compare", *names], check=False, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-
+    compare = _results_compare(tmp_path, (RUN12 / "default.tgz", RUN12 / "s7.tgz", RUN13 / "temp.tgz", RUN14 / "temp.tgz"))
     s7 = compare("ruler-temp-*-s7*.json", "ruler-s7-plain-1x.json", "ruler-s7-yarn.json")
     s42 = compare("ruler-temp-*-s42*.json", "ruler-def-*-1x.json", "ruler-def-*-yarn.json")
     assert s7 == (RUN14 / "compare-s7.txt").read_text()
     assert s42 == (RUN14 / "compare-s42.txt").read_text()
     sm, g = "smollm2-135m-instruct-q4_1.gguf", "gemma3-270m-q4_k_m.gguf"
-
-    def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
-        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{label}\t")]
-        assert len(rows) == 1, (model, task, ctx, label)
-        return int(rows[0][5])
 
     per_token, static = "dca[S4096 w1024]", "dca[S4096 w1024 --dca-yarn-factor {}]"
     assert [found(s7, sm, "passkey", 32768, x) for x in (per_token, static.format(0), static.format(4))] == [34, 36, 52]
