@@ -917,6 +917,7 @@ step_wait_default() { # at most $WAIT s (default 540) for the three queues; what
 # F = 2 and 4 (the two rules) and gemma-3-270m with F = 2; gemma at 4x with F = 4; one queue each, side by side;
 # perplexity at 2x/4x with the same factors in a queue beside them (temp_ppl)
 TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES="a7 a42 ag" TEMP_PPL=auto_ppl: the default since run 13
+TEMP_PPL=${TEMP_PPL:-temp_ppl}   # the perplexity step beside the queues; none: no perplexity queue
 
 temp_cells() { # queue -> its cells (cells_queue's lines)
     local s=8192 g=32768
@@ -981,13 +982,13 @@ step_temp_bg() {
     [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
-    # its own OUT: a queue's exit packs (and removes) $OUT/ppl; TEMP_PPL=none: no perplexity queue
-    [ "${TEMP_PPL:-temp_ppl}" = none ] || detach temp-ppl ~/llb/temp-ppl-out "${TEMP_PPL:-temp_ppl}" PPL_TSV=temp-ppl.tsv
-    echo "temperature queues started: $TEMP_QUEUES${TEMP_PPL:+ and $TEMP_PPL}, side by side"
+    # its own OUT: a queue's exit packs (and removes) $OUT/ppl
+    [ "$TEMP_PPL" = none ] || detach temp-ppl ~/llb/temp-ppl-out "$TEMP_PPL" PPL_TSV=temp-ppl.tsv
+    echo "temperature queues started: $TEMP_QUEUES, perplexity: $TEMP_PPL; side by side"
 }
 
 step_wait_temp() { # at most $WAIT s (default 540) for the queues; what they have comes back
-    local q tags=(); [ "${TEMP_PPL:-temp_ppl}" = none ] || tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
+    local q tags=(); [ "$TEMP_PPL" = none ] || tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
     wait_queues "${tags[@]}"
     cp ~/llb/temp-ppl-out/temp-ppl.tsv "$OUT/" 2>/dev/null
     (cd ~/llb/temp-out && tar czf "$OUT/temp.tgz" ruler-temp-*.json logs-temp-* 2>/dev/null)

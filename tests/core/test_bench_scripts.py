@@ -617,6 +617,16 @@ def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> 
     assert names[0] == ["smol-plain", "8192"] and names[-1] == ["smol-dca-F4", "16384"]
 
 
+def test_wait_temp_waits_for_the_perplexity_queue_unless_none(tmp_path: Path) -> None:
+    """step_wait_temp waits for every temperature queue and for the perplexity one, which TEMP_PPL=none leaves out (as
+    step_temp_bg then starts none)."""
+    call = ('OUT="$1"; HOME="$1"; wait_queues() { echo "$*"; }; TEMP_QUEUES="a7 d42"; '
+            'TEMP_PPL=auto_ppl step_wait_temp; TEMP_PPL=none step_wait_temp')
+    r = run_sh_functions(("step_wait_temp",), call, str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["temp-ppl temp-a7 temp-d42", "temp-a7 temp-d42"]
+
+
 def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     """run 13's queues: one ruler_run.py run per cell with the seed and the factor as options, in names that never
     collide (the contexts are in them), 2 threads a server; an unknown queue is refused."""
