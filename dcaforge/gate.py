@@ -620,6 +620,19 @@ def ruler_server_args(model: str | os.PathLike[str], method: str, ctx: int, trai
     return args
 
 
+def ruler_prompt_fields(sample: ruler.Sample, text: str, toks: Sequence[int]) -> dict[str, Any]:
+    """A RULER sample record's prompt fields (what ``ruler_run.py compare`` pairs samples by: the prompt's sha256)."""
+    return {"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "n_filler": sample.n_filler,
+            "depth": round(sample.depth, 4), "expected": list(sample.expected)}
+
+
+def ruler_answer_fields(sample: ruler.Sample, answer: str) -> dict[str, Any]:
+    """A RULER sample record's answer fields: the exact-match score, whether every expected item was found, the
+    answer (its first 2000 characters)."""
+    score, all_found = ruler.score(sample.expected, answer)
+    return {"score": score, "all": all_found, "answer": answer[:2000]}
+
+
 def gate_ruler(c: _Ctx, g: GateConfig) -> GateResult:
     """RULER tasks served by the clean room's llama-server (see :func:`measure_ruler`)."""
     model = c.model(g)
@@ -720,18 +733,16 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
                                 rec["error"] = "does not fit"
                                 continue
                             sample, text, toks = built
-                            rec.update({"prompt_sha256": ruler.sha256(text), "prompt_tokens": len(toks), "n_filler": sample.n_filler,
-                                        "depth": round(sample.depth, 4), "expected": list(sample.expected)})
+                            rec.update(ruler_prompt_fields(sample, text, toks))
                             t0 = time.monotonic()
                             reply = srv.completion(toks if send == "tokens" else text, npred)
                             answer = str(reply.get("content", ""))
-                            s, all_found = ruler.score(sample.expected, answer)
                             tm = reply.get("timings") or {}
-                            rec.update({"score": s, "all": all_found, "answer": answer[:2000], "seconds": round(time.monotonic() - t0, 3),
+                            rec.update({**ruler_answer_fields(sample, answer), "seconds": round(time.monotonic() - t0, 3),
                                         "tokens_evaluated": reply.get("tokens_evaluated"),
                                         "prompt_per_second": tm.get("prompt_per_second"),
                                         "predicted_per_second": tm.get("predicted_per_second")})
-                            step(f"  {task} #{i}: {len(toks)} tokens, score {s:.2f}")
+                            step(f"  {task} #{i}: {len(toks)} tokens, score {rec['score']:.2f}")
                         except HttpError as exc:
                             rec["error"] = str(exc)[:300]
                         except GateError as exc:  # the server died: the rest of this server's samples too

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dcaforge import ruler
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, points_table, ruler_server_args
+from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, points_table, ruler_answer_fields, ruler_prompt_fields, ruler_server_args
 from dcaforge.plot import plot
 from dcaforge.server import LlamaServer
 
@@ -123,11 +123,11 @@ def cmd_replay(a: argparse.Namespace) -> int:
             toks = srv.tokenize(s.prompt)
             reply = srv.completion(toks, ruler.N_PREDICT[task])
             answer = str(reply.get("content", ""))
-            score, all_found = ruler.score(s.expected, answer)
-            samples.append({"task": task, "ctx": ctx, "method": "dca", "index": i, "score": score, "all": all_found,
-                            "answer": answer[:2000], "expected": list(s.expected), "prompt_sha256": ruler.sha256(s.prompt),
-                            "prompt_tokens": len(toks), "n_filler": s.n_filler, "depth": round(s.depth, 4)})
-            print(f"{task} #{i}: {len(toks)} tokens, score {score:.2f} (was {recs[i]['score']:.2f}): {answer[:60]!r}", flush=True)
+            rec = {"task": task, "ctx": ctx, "method": "dca", "index": i, **ruler_prompt_fields(s, s.prompt, toks),
+                   **ruler_answer_fields(s, answer)}
+            samples.append(rec)
+            print(f"{task} #{i}: {len(toks)} tokens, score {rec['score']:.2f} (was {recs[i]['score']:.2f}): {answer[:60]!r}",
+                  flush=True)
     finally:
         srv.stop()
     metrics = {"model": old.metrics.get("model"), "trained": trained, "methods": ["dca"], "tasks": [task], "contexts": [ctx],
