@@ -933,7 +933,11 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         ag) echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
         # run 15: the static default (no flag, F = n_ctx / L) on run 13's seed-42 4x cell, whose F = 4 it must repeat
         d42) echo "smol dca passkey 30 $((4 * s)) 42" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42)" >&2; return 1 ;;
+        # run 15: a larger sample for "at least as often as inside its window" (runs 12-14: 77/90 inside, 76/90 at 4x):
+        # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103")
+        e[0-9]*) [[ ${1#e} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: e and a seed (digits)" >&2; return 1; }
+                 echo "smol plain passkey 60 $s ${1#e}"; echo "smol dca passkey 60 $((4 * s)) ${1#e}" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed>)" >&2; return 1 ;;
     esac
 }
 

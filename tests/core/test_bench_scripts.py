@@ -658,8 +658,19 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "d42"), str(d42_log))
     assert r.returncode == 0, r.stderr
     assert [ln.split("--name ")[1].split()[0] for ln in d42_log.read_text().splitlines()] == ["temp-smol-passkey-dca-32768-s42"]
+    e_log = tmp_path / "e"
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "e101 e7"), str(e_log))
+    assert r.returncode == 0, r.stderr
+    e = {ln.split("--name ")[1].split()[0]: json.loads(ln.split("--options ", 1)[1]) for ln in e_log.read_text().splitlines()}
+    assert list(e) == ["temp-smol-passkey-plain-8192-s101", "temp-smol-passkey-dca-32768-s101",
+                       "temp-smol-passkey-plain-8192-s7", "temp-smol-passkey-dca-32768-s7"]
+    assert e["temp-smol-passkey-plain-8192-s101"] == {
+        "tasks": ["passkey"], "methods": ["plain"], "contexts": [8192], "samples": 60, "seed": 101, "threads": 2}
+    assert e["temp-smol-passkey-dca-32768-s101"]["methods"] == ["dca"] and "dca_args" not in e["temp-smol-passkey-dca-32768-s101"]
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
+    r = run_sh_functions(("temp_cells",), 'temp_cells e1x', )
+    assert r.returncode == 1 and "e1x: e and a seed" in r.stderr
 
 
 def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> None:
