@@ -937,7 +937,10 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103")
         e[0-9]*) [[ ${1#e} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: e and a seed (digits)" >&2; return 1; }
                  echo "smol plain passkey 60 $s ${1#e}"; echo "smol dca passkey 60 $((4 * s)) ${1#e}" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed>)" >&2; return 1 ;;
+        # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
+        f[0-9]*) [[ ${1#f} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: f and a seed (digits)" >&2; return 1; }
+                 echo "smol dca passkey 60 $((4 * s)) ${1#f} 7.389" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed>)" >&2; return 1 ;;
     esac
 }
 
@@ -973,6 +976,12 @@ step_auto_ppl() { # the default (no --dca-yarn-factor; run 14 measured run 13's 
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 
+step_x12_ppl() { # run 15: SmolLM2's perplexity at 4x with x1.2 (F = 7.389) beside run 13's F = 4 / 16 rows
+    ppl_text
+    ppl_model smol smol-dca-F7.389 32768 --dca on --dca-yarn-factor 7.389
+    cat "$OUT/${PPL_TSV:-ppl.tsv}"
+}
+
 step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells with the default (run 14: per token,
     # one ggml_mul on Q per DCA layer; since then the static factor, a constant in the attention's scale) and with
     # --dca-yarn-factor 0 (off: run 11's graph), each against plain in its own rounds ($ROUNDS, default 3)
@@ -982,8 +991,9 @@ step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells
     speed_cells smol-F0 "$SMOL" 3 66048 32768,65536 "${dca[@]}" --dca-yarn-factor 0
 }
 
-step_temp_bg() {
-    [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
+step_temp_bg() { # needs llama-server, SmolLM2, and gemma-3-270m only where a queue has a gemma cell
+    local q need=("$SMOL"); for q in $TEMP_QUEUES; do temp_cells "$q" | grep -q '^gemma ' && need+=("$MODEL"); done
+    [ -x "$BIN/llama-server" ] && ls "${need[@]}" > /dev/null || { echo "needs llama-server and ${need[*]}"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
     # its own OUT: a queue's exit packs (and removes) $OUT/ppl
