@@ -940,7 +940,11 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
         f[0-9]*) [[ ${1#f} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: f and a seed (digits)" >&2; return 1; }
                  echo "smol dca passkey 60 $((4 * s)) ${1#f} 7.389" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed>)" >&2; return 1 ;;
+        # next: the rule x = 0.1 log2(len / L) + 1 (run 15's x1.2 at 4x; x1.1 = F e at 2x) on gemma-3-270m, run 13's
+        # seed-42 prompts (paired with its F = 2 / F = 4 cells), with its perplexity in g12_ppl
+        g11) echo "gemma dca passkey 30 $((2 * g)) 42 2.71828"; echo "gemma dca niah_single 12 $((2 * g)) 42 2.71828" ;;
+        g12) echo "gemma dca passkey 30 $((4 * g)) 42 7.389"; echo "gemma dca niah_single 12 $((4 * g)) 42 7.389" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12)" >&2; return 1 ;;
     esac
 }
 
@@ -979,6 +983,15 @@ step_auto_ppl() { # the default (no --dca-yarn-factor; run 14 measured run 13's 
 step_x12_ppl() { # run 15: SmolLM2's perplexity at 4x with x1.2 (F = 7.389) beside run 13's F = 4 / 16 rows
     ppl_text
     ppl_model smol smol-dca-F7.389 32768 --dca on --dca-yarn-factor 7.389
+    cat "$OUT/${PPL_TSV:-ppl.tsv}"
+}
+
+step_g12_ppl() { # gemma-3-270m's perplexity with x1.2 at 4x and x1.1 at 2x (beside run 13's F = 4 / F = 2 rows), and
+    # SmolLM2's with x1.1 at 2x (run 15 measured x1.2 at 4x); gemma one at a time (its 128k logits take 68 GB)
+    ppl_text
+    ppl_model gemma gemma-dca-F7.389 131072 --dca on --dca-yarn-factor 7.389
+    ppl_model gemma gemma-dca-F2.71828 65536 --dca on --dca-yarn-factor 2.71828
+    ppl_model smol smol-dca-F2.71828 16384 --dca on --dca-yarn-factor 2.71828
     cat "$OUT/${PPL_TSV:-ppl.tsv}"
 }
 

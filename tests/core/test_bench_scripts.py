@@ -592,6 +592,37 @@ def test_run14_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert ratios("speed-smol-F0-ratios.txt") == [("0.978", "1.026"), ("0.995", "1.181"), ("0.895", "0.990"), ("1.392", "0.932")]
 
 
+RUN15 = ROOT / "bench" / "gpu" / "2026-12-03-run15"
+
+
+def test_run15_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-15 table: compare over the committed samples gives the committed compare-*.txt byte for byte;
+    the default answers run 13's F = 4 prompts with the same text; the counts, discordant pairs and perplexity quoted
+    are the committed results'."""
+    compare = _results_compare(tmp_path, (RUN13 / "temp.tgz", RUN15 / "temp.tgz", RUN15 / "temp-x12.tgz"))
+    s42 = compare("ruler-temp-smol-passkey-dca-32768-s42.json", "ruler-temp-smol-passkey-dca-32768-s42-F4.json")
+    assert s42 == (RUN15 / "compare-s42.txt").read_text()
+    sm = "smollm2-135m-instruct-q4_1.gguf"
+    assert f"{sm}\tpasskey\t32768\tdca[S4096 w1024 --dca-yarn-factor 4] vs dca[S4096 w1024]\tfound\t30\t0\t0\t1" in s42
+
+    def answers(name: str) -> list[str]:
+        return [x["answer"] for x in json.loads((tmp_path / name).read_text())["metrics"]["samples"]]
+    assert answers("ruler-temp-smol-passkey-dca-32768-s42.json") == answers("ruler-temp-smol-passkey-dca-32768-s42-F4.json")
+
+    x12 = "dca[S4096 w1024 --dca-yarn-factor 7.389]"
+    table = {101: (49, 48, 52, 6, 2), 102: (51, 49, 57, 9, 1), 103: (46, 47, 55, 9, 1), 104: (51, 48, 57, 10, 1)}
+    for seed, (inside, default, stronger, only_x12, only_default) in table.items():
+        out = compare(f"ruler-temp-smol-passkey-*-s{seed}*.json")
+        assert out == (RUN15 / f"compare-s{seed}.txt").read_text()
+        assert (found(out, sm, "passkey", 8192, "plain"), found(out, sm, "passkey", 32768, "dca[S4096 w1024]"),
+                found(out, sm, "passkey", 32768, x12)) == (inside, default, stronger)
+        pair = [ln.split("\t") for ln in out.splitlines() if f"{x12} vs dca[S4096 w1024]\tfound\t60\t" in ln]
+        assert len(pair) == 1 and (int(pair[0][6]), int(pair[0][7])) == (only_x12, only_default)
+    assert [sum(v[i] for v in table.values()) for i in range(5)] == [197, 192, 221, 34, 5]
+    ppl = {ln.split("\t")[0]: ln.split("\t")[4].split()[0] for ln in (RUN15 / "temp-ppl.tsv").read_text().splitlines()[1:]}
+    assert ppl == {"smol-dca-F7.389": "2.7590"}
+
+
 def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> None:
     """step_temp_ppl / step_auto_ppl: each perplexity run gets its own model's common arguments and 4 threads, and the
     common arguments are the gemma ones again after a SmolLM2 run (llama-perplexity here is a script that logs its
@@ -615,6 +646,19 @@ def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> 
         + ["-m smol.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 4"]
     names = [ln.split("\t")[:2] for ln in (tmp_path / "out" / "ppl.tsv").read_text().splitlines()]
     assert names[0] == ["smol-plain", "8192"] and names[-1] == ["smol-dca-F4", "16384"]
+    log.unlink()
+    r = run_sh_functions(("ppl_one", "ppl_model", "step_x12_ppl", "step_g12_ppl"),
+                         call.replace("step_temp_ppl", "step_x12_ppl").replace("step_auto_ppl", "step_g12_ppl"),
+                         str(tmp_path / "out2"), str(fake.parent))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "-m gemma.gguf -ngl 99"
+    assert [ln.split(" -f ")[0] for ln in log.read_text().splitlines()] == [
+        "-m smol.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 7.389",
+        "-m gemma.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 7.389",
+        "-m gemma.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 2.71828",
+        "-m smol.gguf -ngl 99 -t 4 --dca on --dca-yarn-factor 2.71828"]
+    assert [ln.split("\t")[1] for ln in (tmp_path / "out2" / "ppl.tsv").read_text().splitlines()] == \
+        ["32768", "131072", "65536", "16384"]
 
 
 def test_wait_temp_waits_for_the_perplexity_queue_unless_none(tmp_path: Path) -> None:
@@ -667,10 +711,41 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert e["temp-smol-passkey-plain-8192-s101"] == {
         "tasks": ["passkey"], "methods": ["plain"], "contexts": [8192], "samples": 60, "seed": 101, "threads": 2}
     assert e["temp-smol-passkey-dca-32768-s101"]["methods"] == ["dca"] and "dca_args" not in e["temp-smol-passkey-dca-32768-s101"]
+    fg_log = tmp_path / "fg"
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "f101 g11 g12"), str(fg_log))
+    assert r.returncode == 0, r.stderr
+    fg = {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
+          for ln in fg_log.read_text().splitlines()}
+    assert list(fg) == ["temp-smol-passkey-dca-32768-s101-F7.389", "temp-gemma-passkey-dca-65536-s42-F2.71828",
+                        "temp-gemma-niah_single-dca-65536-s42-F2.71828", "temp-gemma-passkey-dca-131072-s42-F7.389",
+                        "temp-gemma-niah_single-dca-131072-s42-F7.389"]
+    assert fg["temp-smol-passkey-dca-32768-s101-F7.389"][0] == "/m/smol.gguf"
+    assert fg["temp-gemma-passkey-dca-131072-s42-F7.389"] == ("/m/gemma.gguf", {
+        "tasks": ["passkey"], "methods": ["dca"], "contexts": [131072], "samples": 30, "seed": 42,
+        "dca_args": ["--dca-yarn-factor", "7.389"], "threads": 2})
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
-    r = run_sh_functions(("temp_cells",), 'temp_cells e1x', )
-    assert r.returncode == 1 and "e1x: e and a seed" in r.stderr
+    for bad in ("e1x", "f1-"):
+        r = run_sh_functions(("temp_cells",), f'temp_cells {bad}', )
+        assert r.returncode == 1 and f"{bad}: {bad[0]} and a seed" in r.stderr
+
+
+def test_temp_bg_needs_gemma_only_for_a_gemma_queue(tmp_path: Path) -> None:
+    """step_temp_bg starts SmolLM2-only queues without gemma-3-270m, and refuses, naming the file, a queue with a gemma
+    cell while gemma is not there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "llama-server").write_text("#!/bin/sh\n")
+    (bin_dir / "llama-server").chmod(0o755)
+    (tmp_path / "smol.gguf").write_text("")
+    call = ('HOME="$1"; BIN="$1/bin"; SMOL="$1/smol.gguf"; MODEL="$1/gemma.gguf"; TEMP_PPL=none; '
+            'detach() { echo "detach $1"; }; TEMP_QUEUES="$2" step_temp_bg')
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 e7")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == ["detach temp-f101", "detach temp-e7"]
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 g12")
+    assert r.returncode == 1 and "detach" not in r.stdout
+    assert f"needs llama-server and {tmp_path}/smol.gguf {tmp_path}/gemma.gguf" in r.stdout
 
 
 def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> None:
