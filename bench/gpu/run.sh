@@ -934,7 +934,7 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # run 15: the static default (no flag, F = n_ctx / L) on run 13's seed-42 4x cell, whose F = 4 it must repeat
         d42) echo "smol dca passkey 30 $((4 * s)) 42" ;;
         # run 15: a larger sample for "at least as often as inside its window" (runs 12-14: 77/90 inside, 76/90 at 4x):
-        # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103")
+        # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103 e104")
         e[0-9]*) [[ ${1#e} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: e and a seed (digits)" >&2; return 1; }
                  echo "smol plain passkey 60 $s ${1#e}"; echo "smol dca passkey 60 $((4 * s)) ${1#e}" ;;
         # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
@@ -1004,8 +1004,10 @@ step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells
     speed_cells smol-F0 "$SMOL" 3 66048 32768,65536 "${dca[@]}" --dca-yarn-factor 0
 }
 
-step_temp_bg() { # needs llama-server, SmolLM2, and gemma-3-270m only where a queue has a gemma cell
-    local q need=("$SMOL"); for q in $TEMP_QUEUES; do temp_cells "$q" | grep -q '^gemma ' && need+=("$MODEL"); done
+step_temp_bg() { # needs llama-server, SmolLM2, and gemma-3-270m only where a queue has a gemma cell; an unknown queue
+    # is refused before any starts
+    local q cells need=("$SMOL")
+    for q in $TEMP_QUEUES; do cells=$(temp_cells "$q") || return 1; [[ $cells == gemma* || $cells == *$'\n'gemma* ]] && need[1]=$MODEL; done
     [ -x "$BIN/llama-server" ] && ls "${need[@]}" > /dev/null || { echo "needs llama-server and ${need[*]}"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done

@@ -731,8 +731,8 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
 
 
 def test_temp_bg_needs_gemma_only_for_a_gemma_queue(tmp_path: Path) -> None:
-    """step_temp_bg starts SmolLM2-only queues without gemma-3-270m, and refuses, naming the file, a queue with a gemma
-    cell while gemma is not there."""
+    """step_temp_bg starts SmolLM2-only queues without gemma-3-270m, refuses, naming the file once, queues with a gemma
+    cell while gemma is not there, and starts none when one queue is unknown."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "llama-server").write_text("#!/bin/sh\n")
@@ -743,9 +743,13 @@ def test_temp_bg_needs_gemma_only_for_a_gemma_queue(tmp_path: Path) -> None:
     r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 e7")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[:2] == ["detach temp-f101", "detach temp-e7"]
-    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 g12")
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 g11 g12")
     assert r.returncode == 1 and "detach" not in r.stdout
-    assert f"needs llama-server and {tmp_path}/smol.gguf {tmp_path}/gemma.gguf" in r.stdout
+    assert f"needs llama-server and {tmp_path}/smol.gguf {tmp_path}/gemma.gguf\n" in r.stdout
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "t2x")   # gemma after two SmolLM2 cells
+    assert r.returncode == 1 and f"{tmp_path}/gemma.gguf\n" in r.stdout
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 zz")
+    assert r.returncode == 1 and "detach" not in r.stdout and "no queue zz" in r.stderr
 
 
 def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> None:
