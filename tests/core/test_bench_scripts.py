@@ -526,6 +526,12 @@ def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
     return int(rows[0][5])
 
 
+def ppl_rows(tsv: Path) -> dict[tuple[str, str], str]:
+    """A committed perplexity table (run.sh's ppl_one rows): (name, context) -> the perplexity over all windows."""
+    rows = [ln.split("\t") for ln in tsv.read_text().splitlines()[1:]]
+    return {(r[0], r[1]): r[4].split()[0] for r in rows}
+
+
 RUN13 = ROOT / "bench" / "gpu" / "2026-12-03-run13"
 
 
@@ -580,10 +586,9 @@ def test_run14_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert f"{sm}\tpasskey\t32768\t{static.format(4)} vs {per_token}\tfound\t60\t20\t2\t0.000121" in s7
     assert f"{sm}\tpasskey\t32768\t{static.format(0)} vs {per_token}\tfound\t60\t7\t5\t0.774" in s7
     assert f"{sm}\tpasskey\t32768\t{static.format(4)} vs {per_token}\tfound\t30\t8\t0\t0.00781" in s42
-    ppl = {(r[0], r[1]): r[4].split()[0] for r in (ln.split("\t") for ln in (RUN14 / "temp-ppl.tsv").read_text().splitlines()[1:])}
-    assert ppl == {("smol-dca-auto", "32768"): "2.6866", ("smol-dca-auto", "16384"): "2.6929",
-                   ("gemma-dca-auto", "131072"): "2.8152", ("gemma-dca-auto", "65536"): "2.6450",
-                   ("smol-dca-F4", "16384"): "2.7295"}
+    assert ppl_rows(RUN14 / "temp-ppl.tsv") == {
+        ("smol-dca-auto", "32768"): "2.6866", ("smol-dca-auto", "16384"): "2.6929",
+        ("gemma-dca-auto", "131072"): "2.8152", ("gemma-dca-auto", "65536"): "2.6450", ("smol-dca-F4", "16384"): "2.7295"}
 
     def ratios(name: str) -> list[tuple[str, str]]:
         rows = [ln.split() for ln in (RUN14 / name).read_text().splitlines() if ln[:1].isdigit()]
@@ -619,8 +624,7 @@ def test_run15_results_give_the_figures_quoted(tmp_path: Path) -> None:
         pair = [ln.split("\t") for ln in out.splitlines() if f"{x12} vs dca[S4096 w1024]\tfound\t60\t" in ln]
         assert len(pair) == 1 and (int(pair[0][6]), int(pair[0][7])) == (only_x12, only_default)
     assert [sum(v[i] for v in table.values()) for i in range(5)] == [197, 192, 221, 34, 5]
-    ppl = {ln.split("\t")[0]: ln.split("\t")[4].split()[0] for ln in (RUN15 / "temp-ppl.tsv").read_text().splitlines()[1:]}
-    assert ppl == {"smol-dca-F7.389": "2.7590"}
+    assert ppl_rows(RUN15 / "temp-ppl.tsv") == {("smol-dca-F7.389", "32768"): "2.7590"}
 
 
 def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> None:
