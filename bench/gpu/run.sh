@@ -944,7 +944,10 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # seed-42 prompts (paired with its F = 2 / F = 4 cells), with its perplexity in g12_ppl
         g11) echo "gemma dca passkey 30 $((2 * g)) 42 2.71828"; echo "gemma dca niah_single 12 $((2 * g)) 42 2.71828" ;;
         g12) echo "gemma dca passkey 30 $((4 * g)) 42 7.389"; echo "gemma dca niah_single 12 $((4 * g)) 42 7.389" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12)" >&2; return 1 ;;
+        # run 16: SmolLM2 at 2x on run 15's new seeds, the old default (F = 2) and x1.1 (F = e), paired
+        h[0-9]*) [[ ${1#h} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: h and a seed (digits)" >&2; return 1; }
+                 echo "smol dca passkey 60 $((2 * s)) ${1#h} 2"; echo "smol dca passkey 60 $((2 * s)) ${1#h} 2.71828" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12 h<seed>)" >&2; return 1 ;;
     esac
 }
 
