@@ -90,7 +90,7 @@ def logits_exe(serve_tree) -> str:
 
 def alone(exe: str, tokens: list[int], tmp: Path, n_ctx: int, *extra: str) -> np.ndarray:
     """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic, in a context
-    of n_ctx (the server slot's n_ctx_seq: DCA's default attention temperature is F = n_ctx_seq / L; extra: the cache
+    of n_ctx (the server slot's n_ctx_seq: DCA's default attention temperature is 0.1 log2(n_ctx_seq / L) + 1; extra: the cache
     and flash attention settings, as the server's)."""
     import subprocess
     tok = tmp / f"tok{len(tokens)}.txt"

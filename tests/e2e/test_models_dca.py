@@ -241,7 +241,7 @@ def test_a_impossible_values_fail_at_context_creation(dca_exe, models_dir, args,
 @pytest.mark.parametrize("arch", ARCHS)
 def test_b_long_runs_finite_and_prefix_exact(runner, dca_exe, models_dir, arch, fa):
     """Below c DCA's positions are the true ones: with the attention temperature off (the default scales every DCA
-    layer's logits of an 800-token context by 0.1 ln 4 + 1, test_b_default_temperature_is_the_references) the prefix
+    layer's logits of an 800-token context by 0.1 log2 4 + 1, test_b_default_temperature_is_the_references) the prefix
     equals --dca off; past c DCA changes most positions."""
     m = model(models_dir, arch)
     _, on = runner.run(dca_exe, m, N_LONG, fa=fa, dca=True, extra=TEMP_OFF)
@@ -325,7 +325,7 @@ def test_b_two_sequences(runner, dca_exe, models_dir, arch, fa, ct):
     e = {}
     for d in (False, True):
         # the unified cache gives each sequence n_ctx_seq = n_ctx (1024 after padding): the single sequence gets the
-        # same, so DCA's default temperature (F = n_ctx_seq / L) is the same for both
+        # same, so DCA's default temperature (from n_ctx_seq / L) is the same for both
         _, one = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d, n_ctx=2 * N_INV)
         _, two = runner.run(dca_exe, m, N_INV, fa=fa, ctk=ct, ctv=ct, dca=d, n_seq=2)
         assert np.isfinite(two).all()
@@ -408,7 +408,7 @@ def reference_logits(models_dir):
     cache = {}
 
     def get(arch: str, dca: bool, sw: tuple[int, int] = (S, W), factor: float | None = None) -> np.ndarray:
-        # dca_logits runs with -c N_REF: llama.cpp's default temperature takes F = 512 / 256 = 2 (auto_factor)
+        # dca_logits runs with -c N_REF: llama.cpp's default temperature takes F = (512 / 256)^(1/ln 2) = e (auto_factor)
         f = reference.auto_factor(N_REF) if factor is None else factor
         key = (arch, dca, sw if dca else None, f)
         if key not in cache:
@@ -451,23 +451,32 @@ def test_b_matches_numpy_reference(runner, dca_exe, models_dir, reference_logits
 
 
 
+# --dca-yarn-factor as text whose float is the default's F at n_ctx_seq 512, L = 256: (512 / 256)^(1/ln 2) = e, whose
+# float32 is 2.71828175 (digits enough to round to it; std::stof and numpy round the same way)
+F_AUTO_2X = "2.718281828"
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_b_default_temperature_is_the_references(runner, dca_exe, models_dir, reference_logits, arch):
-    """The default attention temperature (auto: F = n_ctx_seq / L, every DCA layer's logits x 0.1 ln F + 1) is the one
-    the reference applies: with -c 400 (n_ctx_seq 512 after llama.cpp's padding, L = 256) the default run is bit for
-    bit --dca-yarn-factor 2 and matches the reference with F = 2, --dca-yarn-factor 0 the reference without it, and
-    the two references are far apart at every position (the scale is the context's, not the token's); with n_ctx_seq
-    within L (-c 256, explicit sizes keep DCA on) the default is off: bit for bit --dca-yarn-factor 0."""
+def test_b_default_temperature_is_the_references(runner, dca_exe, models_dir, reference_logits, tmp_path, arch):
+    """The default attention temperature (auto: F = (n_ctx_seq / L)^(1/ln 2), every DCA layer's logits x 0.1 ln F + 1 =
+    0.1 log2(n_ctx_seq / L) + 1) is the one the reference applies: with -c 400 (n_ctx_seq 512 after llama.cpp's
+    padding, L = 256) the default run is bit for bit --dca-yarn-factor 2.718281828 (F = e, x1.1; llama.cpp's load log
+    says so) and matches the reference with F = e, --dca-yarn-factor 0 the reference without it, and the two
+    references are far apart at every position (the scale is the context's, not the token's); with n_ctx_seq within L
+    (-c 256, explicit sizes keep DCA on) the default is off: bit for bit --dca-yarn-factor 0."""
     from tests.models import reference
     m = model(models_dir, arch)
     toks = reference.tokens_for(SEED, N_REF)
-    assert reference.auto_factor(N_REF) == 2.0 and reference.auto_factor(256) == 0.0
-    assert reference.auto_factor(2 * N_REF, n_seq=2) == 2.0 and reference.auto_factor(2 * N_REF, n_seq=2, unified=True) == 4.0
+    f2, f4 = reference.auto_factor(N_REF), reference.auto_factor(2 * N_REF, n_seq=2, unified=True)
+    assert f2 == pytest.approx(np.e, rel=1e-15) and f4 == pytest.approx(np.e ** 2, rel=1e-15)
+    assert reference.auto_factor(256) == 0.0 and reference.auto_factor(2 * N_REF, n_seq=2) == f2
+    assert 0.1 * np.log2(512 / 256) + 1 == pytest.approx(0.1 * np.log(f2) + 1, rel=1e-15)
+    assert np.float32(F_AUTO_2X) == np.float32(f2), (np.float32(F_AUTO_2X), np.float32(f2))
     plain_ref = reference.forward(m, arch, toks, (S, W))
     _, auto = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
-    _, two = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "2"))
+    _, e_f = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", F_AUTO_2X))
     _, off = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "0"))
-    assert np.array_equal(auto, two)
+    assert np.array_equal(auto, e_f)
     e_auto, e_off = rel_err(auto[0], reference_logits(arch, True)).max(), rel_err(off[0], plain_ref).max()
     assert e_auto < 1e-3 and e_off < 1e-3, (e_auto, e_off)
     gap = rel_err(reference_logits(arch, True), plain_ref)
@@ -477,6 +486,13 @@ def test_b_default_temperature_is_the_references(runner, dca_exe, models_dir, re
     _, off_in = runner.run(dca_exe, m, 250, fa=False, ctk="f32", ctv="f32", dca=True, n_ctx=256, extra=("--dca-yarn-factor", "0"))
     assert np.array_equal(auto_in, off_in)
     assert not np.array_equal(auto[0][:250], off[0][:250])
+    # the load log names the rule and F (-v: llama.cpp's logs)
+    r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "log.f32"), "--seed", str(SEED), "--n-tokens", "16",
+                        "-c", str(N_REF), "-t", str(THREADS), "-v", *DCA_ON], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "n_ctx_seq = 512, attention temperature x1.100 (auto: 0.1 log2(n_ctx_seq / trained context) + 1, " \
+           "F = 2.71828)" in r.stderr, r.stderr[-3000:]
 
 
 def _run_state(exe: str, model_path: str, out: Path, *args: str) -> subprocess.CompletedProcess:
