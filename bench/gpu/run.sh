@@ -947,7 +947,12 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # run 16: SmolLM2 at 2x on run 15's new seeds, the old default (F = 2) and x1.1 (F = e), paired
         h[0-9]*) [[ ${1#h} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: h and a seed (digits)" >&2; return 1; }
                  echo "smol dca passkey 60 $((2 * s)) ${1#h} 2"; echo "smol dca passkey 60 $((2 * s)) ${1#h} 2.71828" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12 h<seed>)" >&2; return 1 ;;
+        # run 16: the default with no flag after the log2 rule landed (F = e at 2x), to pair with h<seed>'s F = 2.71828 cell
+        i[0-9]*) [[ ${1#i} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: i and a seed (digits)" >&2; return 1; }
+                 echo "smol dca passkey 60 $((2 * s)) ${1#i}" ;;
+        # run 16: gemma-3-270m with the log2 default at 8x (x1.3, a 256k context), no flag
+        m42) echo "gemma dca passkey 10 $((8 * g)) 42"; echo "gemma dca niah_single 6 $((8 * g)) 42" ;;
+        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12 h<seed> i<seed> m42)" >&2; return 1 ;;
     esac
 }
 
@@ -1007,10 +1012,14 @@ step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells
     speed_cells smol-F0 "$SMOL" 3 66048 32768,65536 "${dca[@]}" --dca-yarn-factor 0
 }
 
-step_temp_bg() { # needs llama-server, SmolLM2, and gemma-3-270m only where a queue has a gemma cell; an unknown queue
-    # is refused before any starts
-    local q cells need=("$SMOL")
-    for q in $TEMP_QUEUES; do cells=$(temp_cells "$q") || return 1; [[ $cells == gemma* || $cells == *$'\n'gemma* ]] && need[1]=$MODEL; done
+step_temp_bg() { # needs llama-server, and each model only where a queue has a cell of it; an unknown queue is refused
+    # before any starts
+    local q cells need=()
+    for q in $TEMP_QUEUES; do
+        cells=$(temp_cells "$q") || return 1
+        [[ $cells == smol* || $cells == *$'\n'smol* ]] && need[0]=$SMOL
+        [[ $cells == gemma* || $cells == *$'\n'gemma* ]] && need[1]=$MODEL
+    done
     [ -x "$BIN/llama-server" ] && ls "${need[@]}" > /dev/null || { echo "needs llama-server and ${need[*]}"; ls ~/model "$BIN"; return 1; }
     rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
     for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done

@@ -627,6 +627,60 @@ def test_run15_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert ppl_rows(RUN15 / "temp-ppl.tsv") == {("smol-dca-F7.389", "32768"): "2.7590"}
 
 
+RUN16 = ROOT / "bench" / "gpu" / "2026-12-03-run16"
+
+
+def test_run16_results_give_the_figures_quoted(tmp_path: Path) -> None:
+    """RESULTS.md's run-16 tables (the log2 rule): compare over the committed samples of runs 13, 15 and 16 gives the
+    committed compare-*.txt byte for byte and the counts, pairs and perplexities quoted; the merged default (no flag)
+    answers h101's explicit F = e prompts with the same text; the CPU's short-window perplexities are the logs'."""
+    compare = _results_compare(tmp_path, (RUN13 / "temp.tgz", RUN15 / "temp.tgz", RUN15 / "temp-x12.tgz",
+                                          *(RUN16 / f"temp-{q}.tgz" for q in "ghim")))
+    gm = "gemma3-270m-q4_k_m.gguf"
+    out = compare("ruler-temp-gemma-*-s42*.json")
+    assert out == (RUN16 / "compare-gemma-s42.txt").read_text()
+
+    def dca(f: str) -> str:
+        return f"dca[S16384 w4096 --dca-yarn-factor {f}]"
+    cells = {("passkey", 65536, "2"): 19, ("passkey", 65536, "2.71828"): 23, ("passkey", 131072, "4"): 20,
+             ("passkey", 131072, "7.389"): 26, ("niah_single", 65536, "2"): 4, ("niah_single", 65536, "2.71828"): 3,
+             ("niah_single", 131072, "4"): 5, ("niah_single", 131072, "7.389"): 4}
+    assert {k: found(out, gm, k[0], k[1], dca(k[2])) for k in cells} == cells
+    assert (found(out, gm, "passkey", 262144, "dca"), found(out, gm, "niah_single", 262144, "dca")) == (5, 0)
+
+    def pair(out: str, model: str, task: str, ctx: int, a: str, b: str) -> tuple[int, int]:
+        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{a} vs {b}\tfound\t")]
+        assert len(rows) == 1, (task, ctx, a, b)
+        return int(rows[0][6]), int(rows[0][7])
+    assert pair(out, gm, "passkey", 65536, dca("2.71828"), dca("2")) == (4, 0)
+    assert pair(out, gm, "passkey", 131072, dca("7.389"), dca("4")) == (6, 0)
+    assert pair(out, gm, "niah_single", 65536, dca("2.71828"), dca("2")) == (0, 1)
+    assert pair(out, gm, "niah_single", 131072, dca("7.389"), dca("4")) == (0, 1)
+
+    sm = "smollm2-135m-instruct-q4_1.gguf"
+    old, new = "dca[S4096 w1024 --dca-yarn-factor 2]", "dca[S4096 w1024 --dca-yarn-factor 2.71828]"
+    table = {101: (49, 51, 53, 4, 2), 102: (51, 53, 55, 3, 1), 103: (46, 53, 55, 3, 1), 104: (51, 50, 56, 7, 1)}
+    for seed, (inside, at_old, at_new, only_new, only_old) in table.items():
+        out = compare(f"ruler-temp-smol-passkey-*-s{seed}*.json")
+        assert out == (RUN16 / f"compare-s{seed}.txt").read_text()
+        assert (found(out, sm, "passkey", 8192, "plain"), found(out, sm, "passkey", 16384, old),
+                found(out, sm, "passkey", 16384, new)) == (inside, at_old, at_new)
+        assert pair(out, sm, "passkey", 16384, new, old) == (only_new, only_old)
+    assert [sum(v[i] for v in table.values()) for i in range(5)] == [197, 207, 219, 17, 5]
+
+    def answers(name: str) -> list[str]:
+        return [x["answer"] for x in json.loads((tmp_path / name).read_text())["metrics"]["samples"]]
+    merged = answers("ruler-temp-smol-passkey-dca-16384-s101.json")
+    assert len(merged) == 60 and merged == answers("ruler-temp-smol-passkey-dca-16384-s101-F2.71828.json")
+
+    assert ppl_rows(RUN16 / "temp-ppl.tsv") == {("gemma-dca-F7.389", "131072"): "2.8442",
+                                                ("gemma-dca-F2.71828", "65536"): "2.6520",
+                                                ("smol-dca-F2.71828", "16384"): "2.7058"}
+    final = {n: re.findall(r"Final estimate: PPL = ([0-9.]+)", (RUN16 / "cpu-short" / f"{n}.log").read_text())
+             for n in ("off", "F32", "F148")}
+    assert final == {"off": ["3.0875"], "F32": ["3.3719"], "F148": ["3.6370"]}
+
+
 def test_temp_and_auto_ppl_run_each_model_with_its_arguments(tmp_path: Path) -> None:
     """step_temp_ppl / step_auto_ppl: each perplexity run gets its own model's common arguments and 4 threads, and the
     common arguments are the gemma ones again after a SmolLM2 run (llama-perplexity here is a script that logs its
@@ -727,16 +781,28 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert fg["temp-gemma-passkey-dca-131072-s42-F7.389"] == ("/m/gemma.gguf", {
         "tasks": ["passkey"], "methods": ["dca"], "contexts": [131072], "samples": 30, "seed": 42,
         "dca_args": ["--dca-yarn-factor", "7.389"], "threads": 2})
+    him_log = tmp_path / "him"
+    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "h101 i101 m42"), str(him_log))
+    assert r.returncode == 0, r.stderr
+    him = {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
+           for ln in him_log.read_text().splitlines()}
+    assert list(him) == ["temp-smol-passkey-dca-16384-s101-F2", "temp-smol-passkey-dca-16384-s101-F2.71828",
+                         "temp-smol-passkey-dca-16384-s101", "temp-gemma-passkey-dca-262144-s42",
+                         "temp-gemma-niah_single-dca-262144-s42"]
+    assert him["temp-smol-passkey-dca-16384-s101-F2.71828"][1]["dca_args"] == ["--dca-yarn-factor", "2.71828"]
+    assert "dca_args" not in him["temp-smol-passkey-dca-16384-s101"][1]
+    assert him["temp-gemma-niah_single-dca-262144-s42"] == ("/m/gemma.gguf", {
+        "tasks": ["niah_single"], "methods": ["dca"], "contexts": [262144], "samples": 6, "seed": 42, "threads": 2})
     r = run_sh_functions(("temp_cells",), 'temp_cells zz', )
     assert r.returncode == 1 and "no queue zz" in r.stderr
-    for bad in ("e1x", "f1-"):
+    for bad in ("e1x", "f1-", "h7a", "i1-"):
         r = run_sh_functions(("temp_cells",), f'temp_cells {bad}', )
         assert r.returncode == 1 and f"{bad}: {bad[0]} and a seed" in r.stderr
 
 
-def test_temp_bg_needs_gemma_only_for_a_gemma_queue(tmp_path: Path) -> None:
-    """step_temp_bg starts SmolLM2-only queues without gemma-3-270m, refuses, naming the file once, queues with a gemma
-    cell while gemma is not there, and starts none when one queue is unknown."""
+def test_temp_bg_needs_each_model_only_for_its_queues(tmp_path: Path) -> None:
+    """step_temp_bg starts SmolLM2-only queues without gemma-3-270m and gemma-only queues without SmolLM2, refuses,
+    naming each file once, queues with a cell of a model that is not there, and starts none when one queue is unknown."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "llama-server").write_text("#!/bin/sh\n")
@@ -754,6 +820,13 @@ def test_temp_bg_needs_gemma_only_for_a_gemma_queue(tmp_path: Path) -> None:
     assert r.returncode == 1 and f"{tmp_path}/gemma.gguf\n" in r.stdout
     r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "f101 zz")
     assert r.returncode == 1 and "detach" not in r.stdout and "no queue zz" in r.stderr
+    (tmp_path / "smol.gguf").unlink()
+    (tmp_path / "gemma.gguf").write_text("")
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "g11 m42")   # gemma only: no SmolLM2 needed
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.splitlines()[:2] == ["detach temp-g11", "detach temp-m42"]
+    r = run_sh_functions(("temp_cells", "step_temp_bg"), call, str(tmp_path), "m42 h101")
+    assert r.returncode == 1 and "detach" not in r.stdout and f"needs llama-server and {tmp_path}/smol.gguf {tmp_path}/gemma.gguf\n" in r.stdout
 
 
 def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> None:
