@@ -940,7 +940,7 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
         f[0-9]*) [[ ${1#f} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: f and a seed (digits)" >&2; return 1; }
                  echo "smol dca passkey 60 $((4 * s)) ${1#f} 7.389" ;;
-        # next: the rule x = 0.1 log2(len / L) + 1 (run 15's x1.2 at 4x; x1.1 = F e at 2x) on gemma-3-270m, run 13's
+        # run 16: the rule x = 0.1 log2(len / L) + 1 (run 15's x1.2 at 4x; x1.1 = F e at 2x) on gemma-3-270m, run 13's
         # seed-42 prompts (paired with its F = 2 / F = 4 cells), with its perplexity in g12_ppl
         g11) echo "gemma dca passkey 30 $((2 * g)) 42 2.71828"; echo "gemma dca niah_single 12 $((2 * g)) 42 2.71828" ;;
         g12) echo "gemma dca passkey 30 $((4 * g)) 42 7.389"; echo "gemma dca niah_single 12 $((4 * g)) 42 7.389" ;;
