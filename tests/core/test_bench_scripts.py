@@ -769,11 +769,14 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert e["temp-smol-passkey-plain-8192-s101"] == {
         "tasks": ["passkey"], "methods": ["plain"], "contexts": [8192], "samples": 60, "seed": 101, "threads": 2}
     assert e["temp-smol-passkey-dca-32768-s101"]["methods"] == ["dca"] and "dca_args" not in e["temp-smol-passkey-dca-32768-s101"]
-    fg_log = tmp_path / "fg"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "f101 g11 g12"), str(fg_log))
-    assert r.returncode == 0, r.stderr
-    fg = {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
-          for ln in fg_log.read_text().splitlines()}
+    def queue_runs(queues: str) -> dict[str, tuple[str, dict]]:
+        """Each ruler_run.py call the queues make: its name -> (model, options)."""
+        log = tmp_path / queues.replace(" ", "-")
+        r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", queues), str(log))
+        assert r.returncode == 0, r.stderr
+        return {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
+                for ln in log.read_text().splitlines()}
+    fg = queue_runs("f101 g11 g12")
     assert list(fg) == ["temp-smol-passkey-dca-32768-s101-F7.389", "temp-gemma-passkey-dca-65536-s42-F2.71828",
                         "temp-gemma-niah_single-dca-65536-s42-F2.71828", "temp-gemma-passkey-dca-131072-s42-F7.389",
                         "temp-gemma-niah_single-dca-131072-s42-F7.389"]
@@ -781,11 +784,7 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert fg["temp-gemma-passkey-dca-131072-s42-F7.389"] == ("/m/gemma.gguf", {
         "tasks": ["passkey"], "methods": ["dca"], "contexts": [131072], "samples": 30, "seed": 42,
         "dca_args": ["--dca-yarn-factor", "7.389"], "threads": 2})
-    him_log = tmp_path / "him"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "h101 i101 m42"), str(him_log))
-    assert r.returncode == 0, r.stderr
-    him = {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
-           for ln in him_log.read_text().splitlines()}
+    him = queue_runs("h101 i101 m42")
     assert list(him) == ["temp-smol-passkey-dca-16384-s101-F2", "temp-smol-passkey-dca-16384-s101-F2.71828",
                          "temp-smol-passkey-dca-16384-s101", "temp-gemma-passkey-dca-262144-s42",
                          "temp-gemma-niah_single-dca-262144-s42"]
