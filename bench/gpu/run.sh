@@ -920,7 +920,9 @@ TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES="a7 a42 a
 TEMP_PPL=${TEMP_PPL:-temp_ppl}   # the perplexity step beside the queues; none: no perplexity queue
 
 temp_cells() { # queue -> its cells (cells_queue's lines)
-    local s=8192 g=32768
+    local s=8192 g=32768 seed=${1:1}
+    # e<seed>, f<seed>, h<seed>, i<seed>: the seed is digits
+    [[ $1 != [efhi][0-9]* || $seed =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: ${1:0:1} and a seed (digits)" >&2; return 1; }
     case $1 in
         t0|t4|t7.389|t16) echo "smol dca passkey 60 $((4 * s)) 7 ${1#t}"; echo "smol dca passkey 30 $((4 * s)) 42 ${1#t}" ;;
         t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
@@ -935,21 +937,17 @@ temp_cells() { # queue -> its cells (cells_queue's lines)
         d42) echo "smol dca passkey 30 $((4 * s)) 42" ;;
         # run 15: a larger sample for "at least as often as inside its window" (runs 12-14: 77/90 inside, 76/90 at 4x):
         # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103 e104")
-        e[0-9]*) [[ ${1#e} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: e and a seed (digits)" >&2; return 1; }
-                 echo "smol plain passkey 60 $s ${1#e}"; echo "smol dca passkey 60 $((4 * s)) ${1#e}" ;;
+        e[0-9]*) echo "smol plain passkey 60 $s $seed"; echo "smol dca passkey 60 $((4 * s)) $seed" ;;
         # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
-        f[0-9]*) [[ ${1#f} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: f and a seed (digits)" >&2; return 1; }
-                 echo "smol dca passkey 60 $((4 * s)) ${1#f} 7.389" ;;
+        f[0-9]*) echo "smol dca passkey 60 $((4 * s)) $seed 7.389" ;;
         # run 16: the rule x = 0.1 log2(len / L) + 1 (run 15's x1.2 at 4x; x1.1 = F e at 2x) on gemma-3-270m, run 13's
         # seed-42 prompts (paired with its F = 2 / F = 4 cells), with its perplexity in g12_ppl
         g11) echo "gemma dca passkey 30 $((2 * g)) 42 2.71828"; echo "gemma dca niah_single 12 $((2 * g)) 42 2.71828" ;;
         g12) echo "gemma dca passkey 30 $((4 * g)) 42 7.389"; echo "gemma dca niah_single 12 $((4 * g)) 42 7.389" ;;
         # run 16: SmolLM2 at 2x on run 15's new seeds, the old default (F = 2) and x1.1 (F = e), paired
-        h[0-9]*) [[ ${1#h} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: h and a seed (digits)" >&2; return 1; }
-                 echo "smol dca passkey 60 $((2 * s)) ${1#h} 2"; echo "smol dca passkey 60 $((2 * s)) ${1#h} 2.71828" ;;
+        h[0-9]*) echo "smol dca passkey 60 $((2 * s)) $seed 2"; echo "smol dca passkey 60 $((2 * s)) $seed 2.71828" ;;
         # run 16: the default with no flag after the log2 rule landed (F = e at 2x), to pair with h<seed>'s F = 2.71828 cell
-        i[0-9]*) [[ ${1#i} =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: i and a seed (digits)" >&2; return 1; }
-                 echo "smol dca passkey 60 $((2 * s)) ${1#i}" ;;
+        i[0-9]*) echo "smol dca passkey 60 $((2 * s)) $seed" ;;
         # run 16: gemma-3-270m with the log2 default at 8x (x1.3, a 256k context), no flag
         m42) echo "gemma dca passkey 10 $((8 * g)) 42"; echo "gemma dca niah_single 6 $((8 * g)) 42" ;;
         *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12 h<seed> i<seed> m42)" >&2; return 1 ;;

@@ -526,6 +526,18 @@ def found(out: str, model: str, task: str, ctx: int, label: str) -> int:
     return int(rows[0][5])
 
 
+def pair_counts(out: str, model: str, task: str, ctx: int, a: str, b: str) -> tuple[int, int, int]:
+    """One "a vs b" found-pair row of a ``ruler_run.py compare`` output: (n paired, only a, only b)."""
+    rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{a} vs {b}\tfound\t")]
+    assert len(rows) == 1, (model, task, ctx, a, b)
+    return int(rows[0][5]), int(rows[0][6]), int(rows[0][7])
+
+
+def sample_answers(results: Path) -> list[str]:
+    """The answer text of every sample of a ruler_run.py result, in order."""
+    return [x["answer"] for x in json.loads(results.read_text())["metrics"]["samples"]]
+
+
 def ppl_rows(tsv: Path) -> dict[tuple[str, str], str]:
     """A committed perplexity table (run.sh's ppl_one rows): (name, context) -> the perplexity over all windows."""
     rows = [ln.split("\t") for ln in tsv.read_text().splitlines()[1:]]
@@ -609,10 +621,8 @@ def test_run15_results_give_the_figures_quoted(tmp_path: Path) -> None:
     assert s42 == (RUN15 / "compare-s42.txt").read_text()
     sm = "smollm2-135m-instruct-q4_1.gguf"
     assert f"{sm}\tpasskey\t32768\tdca[S4096 w1024 --dca-yarn-factor 4] vs dca[S4096 w1024]\tfound\t30\t0\t0\t1" in s42
-
-    def answers(name: str) -> list[str]:
-        return [x["answer"] for x in json.loads((tmp_path / name).read_text())["metrics"]["samples"]]
-    assert answers("ruler-temp-smol-passkey-dca-32768-s42.json") == answers("ruler-temp-smol-passkey-dca-32768-s42-F4.json")
+    assert sample_answers(tmp_path / "ruler-temp-smol-passkey-dca-32768-s42.json") == \
+        sample_answers(tmp_path / "ruler-temp-smol-passkey-dca-32768-s42-F4.json")
 
     x12 = "dca[S4096 w1024 --dca-yarn-factor 7.389]"
     table = {101: (49, 48, 52, 6, 2), 102: (51, 49, 57, 9, 1), 103: (46, 47, 55, 9, 1), 104: (51, 48, 57, 10, 1)}
@@ -621,8 +631,7 @@ def test_run15_results_give_the_figures_quoted(tmp_path: Path) -> None:
         assert out == (RUN15 / f"compare-s{seed}.txt").read_text()
         assert (found(out, sm, "passkey", 8192, "plain"), found(out, sm, "passkey", 32768, "dca[S4096 w1024]"),
                 found(out, sm, "passkey", 32768, x12)) == (inside, default, stronger)
-        pair = [ln.split("\t") for ln in out.splitlines() if f"{x12} vs dca[S4096 w1024]\tfound\t60\t" in ln]
-        assert len(pair) == 1 and (int(pair[0][6]), int(pair[0][7])) == (only_x12, only_default)
+        assert pair_counts(out, sm, "passkey", 32768, x12, "dca[S4096 w1024]") == (60, only_x12, only_default)
     assert [sum(v[i] for v in table.values()) for i in range(5)] == [197, 192, 221, 34, 5]
     assert ppl_rows(RUN15 / "temp-ppl.tsv") == {("smol-dca-F7.389", "32768"): "2.7590"}
 
@@ -647,15 +656,10 @@ def test_run16_results_give_the_figures_quoted(tmp_path: Path) -> None:
              ("niah_single", 131072, "4"): 5, ("niah_single", 131072, "7.389"): 4}
     assert {k: found(out, gm, k[0], k[1], dca(k[2])) for k in cells} == cells
     assert (found(out, gm, "passkey", 262144, "dca"), found(out, gm, "niah_single", 262144, "dca")) == (5, 0)
-
-    def pair(out: str, model: str, task: str, ctx: int, a: str, b: str) -> tuple[int, int]:
-        rows = [ln.split("\t") for ln in out.splitlines() if ln.startswith(f"{model}\t{task}\t{ctx}\t{a} vs {b}\tfound\t")]
-        assert len(rows) == 1, (task, ctx, a, b)
-        return int(rows[0][6]), int(rows[0][7])
-    assert pair(out, gm, "passkey", 65536, dca("2.71828"), dca("2")) == (4, 0)
-    assert pair(out, gm, "passkey", 131072, dca("7.389"), dca("4")) == (6, 0)
-    assert pair(out, gm, "niah_single", 65536, dca("2.71828"), dca("2")) == (0, 1)
-    assert pair(out, gm, "niah_single", 131072, dca("7.389"), dca("4")) == (0, 1)
+    assert pair_counts(out, gm, "passkey", 65536, dca("2.71828"), dca("2")) == (30, 4, 0)
+    assert pair_counts(out, gm, "passkey", 131072, dca("7.389"), dca("4")) == (30, 6, 0)
+    assert pair_counts(out, gm, "niah_single", 65536, dca("2.71828"), dca("2")) == (12, 0, 1)
+    assert pair_counts(out, gm, "niah_single", 131072, dca("7.389"), dca("4")) == (12, 0, 1)
 
     sm = "smollm2-135m-instruct-q4_1.gguf"
     old, new = "dca[S4096 w1024 --dca-yarn-factor 2]", "dca[S4096 w1024 --dca-yarn-factor 2.71828]"
@@ -665,13 +669,10 @@ def test_run16_results_give_the_figures_quoted(tmp_path: Path) -> None:
         assert out == (RUN16 / f"compare-s{seed}.txt").read_text()
         assert (found(out, sm, "passkey", 8192, "plain"), found(out, sm, "passkey", 16384, old),
                 found(out, sm, "passkey", 16384, new)) == (inside, at_old, at_new)
-        assert pair(out, sm, "passkey", 16384, new, old) == (only_new, only_old)
+        assert pair_counts(out, sm, "passkey", 16384, new, old) == (60, only_new, only_old)
     assert [sum(v[i] for v in table.values()) for i in range(5)] == [197, 207, 219, 17, 5]
-
-    def answers(name: str) -> list[str]:
-        return [x["answer"] for x in json.loads((tmp_path / name).read_text())["metrics"]["samples"]]
-    merged = answers("ruler-temp-smol-passkey-dca-16384-s101.json")
-    assert len(merged) == 60 and merged == answers("ruler-temp-smol-passkey-dca-16384-s101-F2.71828.json")
+    merged = sample_answers(tmp_path / "ruler-temp-smol-passkey-dca-16384-s101.json")
+    assert len(merged) == 60 and merged == sample_answers(tmp_path / "ruler-temp-smol-passkey-dca-16384-s101-F2.71828.json")
 
     assert ppl_rows(RUN16 / "temp-ppl.tsv") == {("gemma-dca-F7.389", "131072"): "2.8442",
                                                 ("gemma-dca-F2.71828", "65536"): "2.6520",
@@ -748,27 +749,7 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
     assert opts["temp-smol-passkey-dca-16384-s42-F4"]["contexts"] == [16384]
     assert opts["temp-gemma-passkey-dca-131072-s42-F4"]["contexts"] == [131072]
     assert all(o["threads"] == 2 and "chunk" not in o for o in opts.values())
-    auto_log = tmp_path / "auto"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "a7 a42 ag"), str(auto_log))
-    assert r.returncode == 0, r.stderr
-    auto = {ln.split("--name ")[1].split()[0]: json.loads(ln.split("--options ", 1)[1]) for ln in auto_log.read_text().splitlines()}
-    assert list(auto) == ["temp-smol-passkey-dca-32768-s7", "temp-smol-passkey-dca-32768-s42", "temp-smol-passkey-dca-16384-s42",
-                          "temp-gemma-passkey-dca-65536-131072-s42", "temp-gemma-niah_single-dca-65536-131072-s42"]
-    assert all("dca_args" not in o for o in auto.values())   # the default: no --dca-yarn-factor
-    assert auto["temp-gemma-passkey-dca-65536-131072-s42"]["contexts"] == [65536, 131072]
-    d42_log = tmp_path / "d42"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "d42"), str(d42_log))
-    assert r.returncode == 0, r.stderr
-    assert [ln.split("--name ")[1].split()[0] for ln in d42_log.read_text().splitlines()] == ["temp-smol-passkey-dca-32768-s42"]
-    e_log = tmp_path / "e"
-    r = run_sh_functions(("temp_cells", "cells_queue", "step_temp_queue"), call.replace("$TEMP_QUEUES", "e101 e7"), str(e_log))
-    assert r.returncode == 0, r.stderr
-    e = {ln.split("--name ")[1].split()[0]: json.loads(ln.split("--options ", 1)[1]) for ln in e_log.read_text().splitlines()}
-    assert list(e) == ["temp-smol-passkey-plain-8192-s101", "temp-smol-passkey-dca-32768-s101",
-                       "temp-smol-passkey-plain-8192-s7", "temp-smol-passkey-dca-32768-s7"]
-    assert e["temp-smol-passkey-plain-8192-s101"] == {
-        "tasks": ["passkey"], "methods": ["plain"], "contexts": [8192], "samples": 60, "seed": 101, "threads": 2}
-    assert e["temp-smol-passkey-dca-32768-s101"]["methods"] == ["dca"] and "dca_args" not in e["temp-smol-passkey-dca-32768-s101"]
+
     def queue_runs(queues: str) -> dict[str, tuple[str, dict]]:
         """Each ruler_run.py call the queues make: its name -> (model, options)."""
         log = tmp_path / queues.replace(" ", "-")
@@ -776,6 +757,18 @@ def test_temp_queues_send_each_factor_and_seed(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         return {ln.split("--name ")[1].split()[0]: (ln.split("--model ")[1].split()[0], json.loads(ln.split("--options ", 1)[1]))
                 for ln in log.read_text().splitlines()}
+    auto = {name: o for name, (_, o) in queue_runs("a7 a42 ag").items()}
+    assert list(auto) == ["temp-smol-passkey-dca-32768-s7", "temp-smol-passkey-dca-32768-s42", "temp-smol-passkey-dca-16384-s42",
+                          "temp-gemma-passkey-dca-65536-131072-s42", "temp-gemma-niah_single-dca-65536-131072-s42"]
+    assert all("dca_args" not in o for o in auto.values())   # the default: no --dca-yarn-factor
+    assert auto["temp-gemma-passkey-dca-65536-131072-s42"]["contexts"] == [65536, 131072]
+    assert list(queue_runs("d42")) == ["temp-smol-passkey-dca-32768-s42"]
+    e = {name: o for name, (_, o) in queue_runs("e101 e7").items()}
+    assert list(e) == ["temp-smol-passkey-plain-8192-s101", "temp-smol-passkey-dca-32768-s101",
+                       "temp-smol-passkey-plain-8192-s7", "temp-smol-passkey-dca-32768-s7"]
+    assert e["temp-smol-passkey-plain-8192-s101"] == {
+        "tasks": ["passkey"], "methods": ["plain"], "contexts": [8192], "samples": 60, "seed": 101, "threads": 2}
+    assert e["temp-smol-passkey-dca-32768-s101"]["methods"] == ["dca"] and "dca_args" not in e["temp-smol-passkey-dca-32768-s101"]
     fg = queue_runs("f101 g11 g12")
     assert list(fg) == ["temp-smol-passkey-dca-32768-s101-F7.389", "temp-gemma-passkey-dca-65536-s42-F2.71828",
                         "temp-gemma-niah_single-dca-65536-s42-F2.71828", "temp-gemma-passkey-dca-131072-s42-F7.389",
