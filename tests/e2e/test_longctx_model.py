@@ -37,7 +37,7 @@ def perplexity(tree, ctx: int, extra: list[str], name: str, env: dict[str, str] 
     exit, exit status 0: dcaforge.gate.ppl_output_lost), the perplexity of the --kl-divergence-base file every run
     writes from the tool's main thread (dcaforge.gate.perplexity_from_logits, within a few 1e-6 of the printed figure:
     test_the_gate_reads_the_perplexity_from_the_logits_file). The running estimates printed per chunk are no stand-in:
-    the logger loses them too, and CI (stop 29) read chunk 15's estimate of 16 for the final one."""
+    the logger loses them too, and CI (2026-12-03) read chunk 15's estimate of 16 for the final one."""
     from dcaforge.gate import perplexity_from_logits
 
     log = WORKSPACE / "logs" / f"longctx-{name}.log"
