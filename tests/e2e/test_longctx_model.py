@@ -17,7 +17,6 @@ Asserted (measured values in tests/models/longctx.md):
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 
 from e2e_helpers import REPO, WORKSPACE
@@ -38,7 +37,7 @@ def perplexity(tree, ctx: int, extra: list[str], name: str, env: dict[str, str] 
     writes from the tool's main thread (dcaforge.gate.perplexity_from_logits, within a few 1e-6 of the printed figure:
     test_the_gate_reads_the_perplexity_from_the_logits_file). The running estimates printed per chunk are no stand-in:
     the logger loses them too, and CI (2026-12-03) read chunk 15's estimate of 16 for the final one."""
-    from dcaforge.gate import perplexity_from_logits
+    from dcaforge.gate import parse_perplexity, perplexity_from_logits
 
     log = WORKSPACE / "logs" / f"longctx-{name}.log"
     lf = log.with_suffix(".logits")
@@ -54,8 +53,9 @@ def perplexity(tree, ctx: int, extra: list[str], name: str, env: dict[str, str] 
     log.write_text(f"$ {' '.join(argv)}\n{stdout}\n{stderr}")
     assert rc == 0, f"see {log}\n{stderr[-3000:]}"
     try:
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", stderr + stdout)
-        value = float(m.group(1)) if m else perplexity_from_logits(lf)
+        value = parse_perplexity(stderr + stdout)
+        if value is None:
+            value = perplexity_from_logits(lf)
     finally:
         lf.unlink(missing_ok=True)
     assert value is not None, f"no perplexity printed and no readable --kl-divergence-base file, see {log}"
@@ -83,7 +83,7 @@ def test_the_gate_reads_the_perplexity_from_the_logits_file(dca_tree, tmp_path):
     """dcaforge.gate's fallback when llama.cpp's logger loses the output's tail (the extension gate, under load): the
     perplexity computed from the tool's --kl-divergence-base file equals the tool's own "Final estimate" (to 1e-4),
     for one window and for three, plain and DCA."""
-    from dcaforge.gate import perplexity_from_logits
+    from dcaforge.gate import parse_perplexity, perplexity_from_logits
 
     for ctx, chunks, extra in ((256, 1, []), (512, 3, []), (1024, 1, DCA)):
         lf = tmp_path / f"logits-{ctx}.bin"
@@ -93,9 +93,8 @@ def test_the_gate_reads_the_perplexity_from_the_logits_file(dca_tree, tmp_path):
         for _ in range(20):  # the printed figure is the reference: run until the logger keeps it
             p = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
             assert p.returncode == 0, p.stderr[-2000:]
-            m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stderr + p.stdout)
-            if m:
-                printed = float(m.group(1))
+            printed = parse_perplexity(p.stderr + p.stdout)
+            if printed is not None:
                 break
         assert printed is not None, "the tool's estimate was lost 20 times in a row"
         got = perplexity_from_logits(lf)
