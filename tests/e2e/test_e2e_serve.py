@@ -90,8 +90,8 @@ def logits_exe(serve_tree) -> str:
 
 def alone(exe: str, tokens: list[int], tmp: Path, n_ctx: int, *extra: str) -> np.ndarray:
     """Softmax of dca_logits' logits at every position of `tokens`, one sequence alone, DCA automatic, in a context
-    of n_ctx (the server slot's n_ctx_seq: DCA's default attention temperature is 0.1 log2(n_ctx_seq / L) + 1; extra: the cache
-    and flash attention settings, as the server's)."""
+    of n_ctx (the server slot's n_ctx_seq, which with DCA's default sizes and no temperature decides only whether DCA is
+    on; extra: the cache and flash attention settings, as the server's)."""
     import subprocess
     tok = tmp / f"tok{len(tokens)}.txt"
     tok.write_text(" ".join(map(str, tokens)))
@@ -161,6 +161,9 @@ def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, name, unif
         if one_by_one:
             check_alone(logits_exe, tmp_path, p, one_by_one[i], f"one-by-one prompt {len(p)}", n_ctx_seq, cache, extra)
             assert answer(results[i])[0] == answer(one_by_one[i])[0]
+            # the slot count does not move the answer: the same prompt alone in the whole context (what -np 1 gives a
+            # slot) answers the same tokens, as nothing DCA takes from the context depends on its size past L
+            check_alone(logits_exe, tmp_path, p, results[i], f"prompt {len(p)} against -np 1's context", N_CTX, cache, extra)
     print(f"{name}: largest L2-relative error vs alone per prompt: {[f'{e:.2e}' for e in errs]}")
 
 

@@ -102,9 +102,8 @@ def ref_logits(model: str, arch: str, dca: bool) -> np.ndarray:
     if key not in _REF:
         vecs = reference.embd_for(EMBD_SEED, SPAN[1], tiny.spec_for(arch).n_embd)
         toks = reference.tokens_for(SEED, N)
-        # dca_embd runs with -c 512: llama.cpp's default temperature takes F = (512 / 256)^(1/ln 2) = e (x1.1)
-        _REF[key] = reference.forward(model, arch, toks, (S, W) if dca else None, embd=(SPAN[0], vecs, True),
-                                      dca_factor=reference.auto_factor(512))
+        # DCA's attention temperature is off by default
+        _REF[key] = reference.forward(model, arch, toks, (S, W) if dca else None, embd=(SPAN[0], vecs, True))
     return _REF[key]
 
 

@@ -11,7 +11,8 @@ shared-KV layers) and DCA from ../../shared/reference/dca.md's table, not from t
   inter  n(j) <= n(i) - 2  q at S                       k at p_j mod c
   one softmax over the whole causal row.
   DCA layers' logits x (0.1 ln F + 1) for a factor F > 1: llama.cpp's attention temperature (--dca-yarn-factor;
-  its default, auto, is F = (n_ctx_seq / L)^(1/ln 2) past L, i.e. x (0.1 log2(n_ctx_seq / L) + 1): auto_factor()).
+  off by default; its opt-in auto is F = (n_ctx_seq / L)^(1/ln 2) past L, i.e. x (0.1 log2(n_ctx_seq / L) + 1):
+  auto_factor()).
 
 DCA applies to every layer of qwen2/qwen3/qwen3moe/llama and to the global (non-sliding)
 layers of gemma3/gemma4. Single sequence, positions 0..n-1.
@@ -35,7 +36,7 @@ from dcaforge.gatetools import tiny
 
 
 def auto_factor(n_ctx: int, n_seq: int = 1, unified: bool = False, n_ctx_train: int = tiny.N_CTX_TRAIN) -> float:
-    """The factor --dca-yarn-factor auto (llama.cpp's default) takes for a context made with -c n_ctx: n_ctx_seq
+    """The factor --dca-yarn-factor auto (opt-in; the default is off) takes for a context made with -c n_ctx: n_ctx_seq
     (n_ctx padded to 256, per sequence unless unified, padded again) over the trained context, raised to 1/ln 2, past
     it (logits x 0.1 log2(n_ctx_seq / L) + 1), else 0 (off)."""
     def pad(x: int) -> int:

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The long-context protocol on the GPU machine, through the device tool, in the repository root. Steps, in order:
+#   pieces     copy the carried pieces (cleanroom/gpu/{gemma,smol}.NN, bench/longctx/pack.sh) to ~/model and join each
+#              model once all its pieces are there (sha256 checked)
+#   build_bg   unpack cleanroom/gpu/tree.tar.gz (the clean room, rendered) and texts.tar.gz, and build llama-server,
+#              llama-perplexity and llama-batched-bench with CUDA (sm_90), detached
+#   run_bg     the whole protocol, detached, once the build and both models are there (below); results in ~/lc
+#   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
+#
+# The protocol (sets.yaml; choices written down before the run):
+#   1. dev: passkey, gemma-3-270m at 81920 tokens (2.5x) and SmolLM2 at 24576 and 49152 (3x, 6x), 20 trials a cell,
+#      for every candidate of $GEMMA_DEV / $SMOL_DEV; dev perplexity of every candidate (gemma at 65536, SmolLM2 at
+#      24576 and 49152)
+#   2. the choice per model: run.py choose (most dev answers; within 2 of the best, the lowest dev perplexity)
+#   3. held-out, with the chosen setting beside YaRN and plain: passkey at every held-out length (gemma 98000, 196000,
+#      1040000: 3 trials at 1M; SmolLM2 32500, 65000), each model's inside-window ceiling, perplexity of every candidate
+#   4. speed: llama-batched-bench, SmolLM2 1 sequence at 32k and 64k, plain and the chosen DCA, 2 rounds alternating
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" ~/model ~/llb ~/lc
+REPO=$(pwd)
+BIN=~/llb/build/bin
+GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:auto}
+SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
+RUN="python3 $REPO/bench/longctx/run.py"
+COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
+
+join_model() { # file sha prefix
+    local file=~/model/$1 sha=$2 prefix=$3
+    [ -f "$file" ] && { echo "$1: there"; return; }
+    ls ~/model/"$prefix".* >/dev/null 2>&1 || { echo "$1: no pieces"; return; }
+    cat $(ls ~/model/"$prefix".* | sort) > "$file.part"
+    if echo "$sha  $file.part" | sha256sum -c - >/dev/null 2>&1; then mv "$file.part" "$file"; rm -f ~/model/"$prefix".*; echo "$1: joined"
+    else rm -f "$file.part"; echo "$1: $(ls ~/model/"$prefix".* | wc -l) pieces so far"; fi
+}
+
+step_pieces() {
+    cp cleanroom/gpu/gemma.* cleanroom/gpu/smol.* ~/model/ 2>/dev/null
+    join_model gemma3-270m-q4_k_m.gguf $GEMMA_SHA gemma
+    join_model smollm2-135m-instruct-q4_1.gguf $SMOL_SHA smol
+}
+
+step_build_bg() {
+    if [ -f cleanroom/gpu/texts.tar.gz ]; then mkdir -p ~/lc/texts && tar xzf cleanroom/gpu/texts.tar.gz -C ~/lc/texts; fi
+    rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf cleanroom/gpu/tree.tar.gz -C ~/llb/src || { echo "no tree"; return 1; }
+    setsid nohup bash -c "cmake -S ~/llb/src -B ~/llb/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+        > ~/llb/build.log 2>&1 && ninja -C ~/llb/build -j16 llama-server llama-perplexity llama-batched-bench \
+        >> ~/llb/build.log 2>&1; echo \$? > ~/llb/build.rc" >/dev/null 2>&1 </dev/null &
+    echo "build started"
+}
+
+speed() { # rounds
+    local smol=~/model/smollm2-135m-instruct-q4_1.gguf chosen=$1 r
+    local dca; dca=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench/longctx'); import run; print(' '.join(run.method_args('$chosen', 65600, 8192)))")
+    for r in 1 2; do
+        for m in plain dca; do
+            local extra=""; [ $m = dca ] && extra=$dca
+            $BIN/llama-batched-bench -m $smol -c 65792 -b 2048 -ub 512 -npp 32768,65536 -ntg 128 -npl 1 -ngl 99 -fa on \
+                $extra > ~/lc/out/speed-$m-r$r.log 2>&1
+            grep -E '^\|[ ]+[0-9]' ~/lc/out/speed-$m-r$r.log | sed "s/^/$m r$r /" >> ~/lc/out/speed.txt
+        done
+    done
+}
+
+pipeline() {
+    local t0=$SECONDS
+    until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f ~/model/smollm2-135m-instruct-q4_1.gguf ]; do
+        sleep 5; [ $((SECONDS - t0)) -gt 1500 ] && { echo "gave up waiting for build/models"; return 1; }
+    done
+    [ "$(cat ~/llb/build.rc)" = 0 ] || { echo "build failed"; tail -30 ~/llb/build.log; return 1; }
+    mkdir -p ~/lc/out
+    echo "== 1. dev $(date +%T)"
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_DEV --lengths 81920 --jobs 3 "${COMMON[@]}" &
+    $RUN passkey --set dev --model smollm2-135m --methods $SMOL_DEV --jobs 2 "${COMMON[@]}" &
+    wait
+    $RUN ppl --set dev --model smollm2-135m --methods $SMOL_DEV --jobs 3 "${COMMON[@]}" &
+    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_DEV --chars 600000 --jobs 2 "${COMMON[@]}" &
+    wait
+    echo "== 2. choose $(date +%T)"
+    local G S
+    G=$($RUN choose --set dev --model gemma-3-270m --methods $GEMMA_DEV ~/lc/out 2>>~/lc/out/choice.txt)
+    S=$($RUN choose --set dev --model smollm2-135m --methods $SMOL_DEV ~/lc/out 2>>~/lc/out/choice.txt)
+    echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
+    cat ~/lc/out/choice.txt
+    echo "== 3. held-out $(date +%T)"
+    $RUN passkey --set heldout --model gemma-3-270m --methods $G --lengths 1040000 "${COMMON[@]}" > ~/lc/out/heldout-1m.log 2>&1 &
+    local one_m=$!
+    $RUN passkey --set heldout --model smollm2-135m --methods $S,yarn,plain --lengths 32500,65000,inside --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout --model gemma-3-270m --methods $G,yarn,plain --lengths 98000,inside --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout --model gemma-3-270m --methods $G,yarn --lengths 196000 --jobs 2 "${COMMON[@]}"
+    $RUN ppl --set heldout --model smollm2-135m --methods $SMOL_DEV,yarn,plain --jobs 3 "${COMMON[@]}"
+    $RUN ppl --set heldout --model gemma-3-270m --methods $G,yarn --chars 600000 --jobs 2 "${COMMON[@]}"
+    wait $one_m
+    echo "== 4. speed $(date +%T)"
+    speed "$S"
+    echo "== done $(date +%T)"
+}
+
+step_run_bg() {
+    setsid nohup bash -c "cd $REPO && source bench/longctx/gpu.sh && pipeline > ~/lc/pipeline.log 2>&1; touch ~/lc/pipeline.done" \
+        >/dev/null 2>&1 </dev/null &
+    echo "pipeline started"
+}
+
+collect() {
+    cp ~/lc/out/*.jsonl ~/lc/out/choice.txt ~/lc/out/speed.txt "$OUT"/ 2>/dev/null
+    cp ~/lc/pipeline.log "$OUT"/ 2>/dev/null
+    [ -f ~/lc/out/passkey.jsonl ] && python3 bench/longctx/run.py report ~/lc/out --md "$OUT/report.md" >/dev/null
+    (cd ~/lc/out && tar czf "$OUT/logs.tar.gz" logs heldout-1m.log speed-*.log 2>/dev/null)
+}
+
+step_wait() {
+    local t0=$SECONDS limit=${WAIT:-540}
+    while [ ! -f ~/lc/pipeline.done ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
+    collect
+    [ -f ~/llb/build.rc ] || { echo "build: running"; tail -2 ~/llb/build.log; }
+    tail -25 ~/lc/pipeline.log 2>/dev/null
+    [ -f ~/lc/pipeline.done ] && echo "PIPELINE DONE" || echo "pipeline still running"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    for s in "$@"; do "step_$s" || exit $?; done
+fi

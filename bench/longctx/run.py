@@ -1,0 +1,300 @@
+"""The long-context protocol's runner (sets.yaml; prompts and scoring: dcaforge/longctx.py), on a machine with a
+llama.cpp build (llama-server, llama-perplexity) and the models; no clean room needed.
+
+    python bench/longctx/run.py passkey --set dev --model gemma-3-270m --methods plain,yarn,dca:4096:512 \
+        --bin BIN --models DIR --texts DIR --out DIR [--lengths 81920,inside] [--trials N] [--jobs N]
+        one llama-server per (method, length), every trial of the cell through it (greedy, the prompt as tokens);
+        appends one JSON line per trial to DIR/passkey.jsonl (set, model, length, method, index, key, depth, answer,
+        ok) and skips trials already there, so a run cut short goes on where it stopped
+    python bench/longctx/run.py ppl --set heldout --model smollm2-135m --methods plain,dca:4096:512 ... [--ctx N]
+        llama-perplexity over every window of the set's text at each of the set's contexts: DIR/ppl.jsonl
+    python bench/longctx/run.py choose --set dev --model M --methods A,B,C DIR
+        the dev set's choice among the methods (written down before any run): the most exact answers over the dev
+        cells; among those within 2 of the best (10% of 20 trials), the lowest mean dev perplexity; then the larger S
+    python bench/longctx/run.py report DIR [DIR ...] [--md FILE]
+        the tables: per set, model and length, each method's k/n with its Wilson 95% interval; perplexities
+
+Methods: ``plain``; ``yarn`` (--rope-scaling yarn, factor = context / trained, --yarn-orig-ctx trained); ``dca``
+(--dca on and nothing else: the build's defaults); ``dca:S:W`` (chunk S, local window W, temperature off);
+``dca:S:W:F`` (and --dca-yarn-factor F). ``inside`` as a length runs the set's inside-window length (plain only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dcaforge import longctx  # noqa: E402
+from dcaforge.gate import parse_perplexity, perplexity_from_logits  # noqa: E402
+from dcaforge.server import LlamaServer  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SETS = yaml.safe_load((HERE / "sets.yaml").read_text())
+_lock = threading.Lock()
+
+
+def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str]:
+    # llama-server caps a slot at the trained length: past it, plain and YaRN are told the length is ctx (DCA reads
+    # its L from the GGUF as written, so the override does not move its sizes)
+    over = ["--override-kv", f"{arch}.context_length=int:{ctx}"] if arch and ctx > trained else []
+    if method == "plain":
+        return over
+    if method == "yarn":
+        f = max(1.0, ctx / trained)
+        return ["--rope-scaling", "yarn", "--rope-scale", f"{f:.4g}", "--yarn-orig-ctx", str(trained), *over]
+    parts = method.split(":")
+    if parts[0] != "dca" or len(parts) not in (1, 3, 4):
+        raise SystemExit(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F)")
+    if len(parts) == 1:
+        return ["--dca", "on"]
+    f = parts[3] if len(parts) == 4 else "0"
+    return ["--dca", "on", "--dca-chunk-size", parts[1], "--dca-local-size", parts[2], "--dca-yarn-factor", f]
+
+
+def ctx_for(length: int) -> int:
+    return int(math.ceil((length + longctx.N_PREDICT + 8) / 256) * 256)
+
+
+def done_keys(path: Path) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            out.add((r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])))
+    return out
+
+
+def corpus_for(srv: LlamaServer, set_name: str, model: str, texts: Path, cache: Path) -> longctx.TokenizedCorpus:
+    spec = SETS["sets"][set_name]["text"]
+    cfile = cache / f"corpus-{model}-{spec['sha256'][:16]}.json"
+    with _lock:
+        if cfile.exists():
+            d = json.loads(cfile.read_text())
+            return longctx.TokenizedCorpus(d["name"], d["sha256"], d["paragraphs"], d["sep"])
+        text = longctx.load_text(texts / spec["file"], spec["sha256"])
+
+        def tok(s: str) -> list[int]:
+            return list(srv.post("/tokenize", {"content": s, "add_special": False, "parse_special": False})["tokens"])
+
+        t0 = time.monotonic()
+        c = longctx.TokenizedCorpus.build(spec["file"], text, tok)
+        print(f"  tokenized {spec['file']} for {model}: {c.total} tokens in {time.monotonic() - t0:.0f} s", flush=True)
+        cfile.write_text(json.dumps({"name": c.name, "sha256": c.sha256, "paragraphs": c.paragraphs, "sep": c.sep}))
+        return c
+
+
+def run_cell(a: argparse.Namespace, method: str, length: int, label: str) -> None:
+    s = SETS["sets"][a.set]
+    m = SETS["models"][a.model]
+    out = Path(a.out)
+    jsonl = out / "passkey.jsonl"
+    n = a.trials or s["trials"]
+    if length >= 500_000 and not a.trials:
+        n = 3
+    todo = [t for t in longctx.trials(a.set, s["seed"], length, n, tuple(s["depth"]))
+            if (a.set, a.model, str(label), method, str(t.index)) not in done_keys(jsonl)]
+    if not todo:
+        print(f"{a.model} {method} {label}: done", flush=True)
+        return
+    ctx = ctx_for(length)
+    args = ["-m", str(Path(a.models) / m["file"]), "-c", str(ctx), "-ngl", "99", "-fa", "on", "-np", "1",
+            "-b", "2048", "-ub", "512", "--no-warmup", "--cache-ram", "0", "--no-webui",
+            *method_args(method, ctx, m["trained"], m["arch"])]
+    log = out / "logs" / f"{a.set}-{a.model}-{method.replace(':', '_')}-{label}.log"
+    with LlamaServer(Path(a.bin) / "llama-server", args, log, request_timeout=3600) as srv:
+        corpus = corpus_for(srv, a.set, a.model, Path(a.texts), out)
+        frame = longctx.Frame.build(
+            lambda t: list(srv.post("/tokenize", {"content": t, "add_special": True, "parse_special": False})["tokens"]),
+            lambda t: list(srv.post("/tokenize", {"content": t, "add_special": False, "parse_special": False})["tokens"]))
+        for t in todo:
+            needle = list(srv.post("/tokenize", {"content": longctx.NEEDLE.format(key=t.key), "add_special": False,
+                                                  "parse_special": False})["tokens"])
+            toks = longctx.prompt_tokens(t, corpus, frame, needle)
+            t0 = time.monotonic()
+            r = srv.completion(toks, longctx.N_PREDICT)
+            answer = str(r.get("content", ""))
+            rec: dict[str, Any] = {
+                "set": a.set, "model": a.model, "length": label, "tokens": len(toks), "method": method, "index": t.index,
+                "key": t.key, "depth": round(longctx.needle_depth(t, toks, needle), 4), "answer": answer,
+                "ok": longctx.passed(t.key, answer), "seconds": round(time.monotonic() - t0, 2),
+                "ctx": ctx, "args": " ".join(args[4:]),
+            }
+            with _lock, open(jsonl, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+            print(f"{a.model} {method} {label} #{t.index}: key {t.key} depth {rec['depth']:.2f} -> {answer.strip()[:24]!r}"
+                  f" {'ok' if rec['ok'] else 'MISS'} ({rec['seconds']} s)", flush=True)
+
+
+def cmd_passkey(a: argparse.Namespace) -> int:
+    s = SETS["sets"][a.set]
+    cell = s["cells"][a.model]
+    Path(a.out, "logs").mkdir(parents=True, exist_ok=True)
+    lengths = [x for x in (a.lengths.split(",") if a.lengths else [str(v) for v in cell["lengths"]])]
+    jobs = []
+    for method in a.methods.split(","):
+        for x in lengths:
+            if x == "inside":
+                if method == "plain":
+                    jobs.append((method, int(cell["inside"]), "inside"))
+                continue
+            jobs.append((method, int(x), x))
+    with cf.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        for f in [ex.submit(run_cell, a, *j) for j in jobs]:
+            f.result()
+    return 0
+
+
+def cmd_ppl(a: argparse.Namespace) -> int:
+    s = SETS["sets"][a.set]
+    m = SETS["models"][a.model]
+    out = Path(a.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    spec = s["text"]
+    text = longctx.load_text(Path(a.texts) / spec["file"], spec["sha256"])
+    tfile = out / f"ppl-{a.set}.txt"
+    tfile.write_text(text[: a.chars])  # llama-perplexity tokenizes slowly past ~1.4 MB with a 262k vocabulary
+    ctxs = [int(x) for x in a.ctx.split(",")] if a.ctx else s["perplexity"][a.model]
+
+    def one(method: str, ctx: int) -> None:
+        tag = f"{a.set}-{a.model}-{method.replace(':', '_')}-{ctx}"
+        logits = out / f"{tag}.kld"
+        argv = [str(Path(a.bin) / "llama-perplexity"), "-m", str(Path(a.models) / m["file"]), "-f", str(tfile),
+                "-c", str(ctx), "-b", "2048", "-ub", "512", "-ngl", "99", "-fa", "on",
+                "--kl-divergence-base", str(logits), *method_args(method, ctx, m["trained"], m["arch"])]
+        t0 = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, check=False,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")})
+        (out / "logs" / f"ppl-{tag}.log").write_text(p.stdout + p.stderr)
+        val = parse_perplexity(p.stdout + p.stderr)
+        if val is None and logits.exists():
+            val = perplexity_from_logits(logits)
+        logits.unlink(missing_ok=True)
+        rec = {"set": a.set, "model": a.model, "ctx": ctx, "method": method, "ppl": val, "rc": p.returncode,
+               "chars": a.chars, "seconds": round(time.monotonic() - t0, 1)}
+        with _lock, open(out / "ppl.jsonl", "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        print(f"ppl {a.set} {a.model} {method} {ctx}: {val} (rc {p.returncode}, {rec['seconds']} s)", flush=True)
+
+    with cf.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        for f in [ex.submit(one, meth, c) for meth in a.methods.split(",") for c in ctxs]:
+            f.result()
+    return 0
+
+
+def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> tuple[str, str]:
+    """(the chosen method, why): see the module's ``choose``."""
+    k = {m: 0 for m in methods}
+    n = {m: 0 for m in methods}
+    ppl: dict[str, list[float]] = {m: [] for m in methods}
+    for d in dirs:
+        for line in ((d / "passkey.jsonl").read_text().splitlines() if (d / "passkey.jsonl").exists() else []):
+            r = json.loads(line)
+            if r["set"] == set_name and r["model"] == model and r["method"] in k and r["length"] != "inside":
+                k[r["method"]] += int(r["ok"])
+                n[r["method"]] += 1
+        for line in ((d / "ppl.jsonl").read_text().splitlines() if (d / "ppl.jsonl").exists() else []):
+            r = json.loads(line)
+            if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
+                ppl[r["method"]].append(float(r["ppl"]))
+    if not any(n.values()):
+        raise SystemExit(f"choose: no {set_name} trials of {model} for {methods}")
+    best = max(k.values())
+    near = [m for m in methods if n[m] and k[m] >= best - 2]
+
+    def key(m: str) -> tuple[float, int]:
+        mean = sum(ppl[m]) / len(ppl[m]) if ppl[m] else float("inf")
+        size = int(m.split(":")[1]) if m.count(":") >= 2 else 0
+        return (mean, -size)
+
+    pick = min(near, key=key)
+    why = ", ".join(f"{m} {k[m]}/{n[m]}" + (f" ppl {sum(ppl[m]) / len(ppl[m]):.4f}" if ppl[m] else "") for m in methods)
+    return pick, why
+
+
+def report(dirs: list[Path]) -> str:
+    rows: dict[tuple[str, str, str], dict[str, longctx.Score]] = {}
+    for d in dirs:
+        f = d / "passkey.jsonl"
+        for line in (f.read_text().splitlines() if f.exists() else []):
+            r = json.loads(line)
+            sc = rows.setdefault((r["set"], r["model"], str(r["length"])), {}).setdefault(r["method"], longctx.Score())
+            sc.add(bool(r["ok"]))
+    out = []
+    for (set_name, model, length), methods in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "inside",
+                                                                                   int(kv[0][2]) if kv[0][2].isdigit() else 0)):
+        trained = SETS["models"][model]["trained"]
+        mult = "inside" if length == "inside" else f"{int(length) / trained:.1f}x"
+        out.append(f"| {set_name} | {model} | {length} ({mult}) | " + " | ".join(f"{m}: {s}" for m, s in methods.items()) + " |")
+    ppl: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for d in dirs:
+        f = d / "ppl.jsonl"
+        for line in (f.read_text().splitlines() if f.exists() else []):
+            r = json.loads(line)
+            ppl.setdefault((r["set"], r["model"], r["ctx"]), {})[r["method"]] = r["ppl"]
+    txt = "| set | model | length | method: exact first answers k/n [Wilson 95%] |\n|---|---|---|---|\n" + "\n".join(out)
+    if ppl:
+        txt += "\n\n| set | model | context | method: perplexity (every window) |\n|---|---|---|---|\n"
+        txt += "\n".join(f"| {s} | {m} | {c} | " + " | ".join(f"{k}: {v:.4f}" if v else f"{k}: -" for k, v in meths.items()) + " |"
+                         for (s, m, c), meths in sorted(ppl.items()))
+    return txt + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("passkey", "ppl"):
+        p = sub.add_parser(name)
+        p.add_argument("--set", required=True, choices=sorted(SETS["sets"]))
+        p.add_argument("--model", required=True, choices=sorted(SETS["models"]))
+        p.add_argument("--methods", required=True)
+        p.add_argument("--bin", required=True)
+        p.add_argument("--models", required=True)
+        p.add_argument("--texts", required=True)
+        p.add_argument("--out", required=True)
+        p.add_argument("--jobs", type=int, default=1)
+        if name == "passkey":
+            p.add_argument("--lengths", default="")
+            p.add_argument("--trials", type=int, default=0)
+        else:
+            p.add_argument("--ctx", default="")
+            p.add_argument("--chars", type=int, default=1_200_000)
+    p = sub.add_parser("choose")
+    p.add_argument("--set", required=True, choices=sorted(SETS["sets"]))
+    p.add_argument("--model", required=True, choices=sorted(SETS["models"]))
+    p.add_argument("--methods", required=True)
+    p.add_argument("dirs", nargs="+")
+    p = sub.add_parser("report")
+    p.add_argument("dirs", nargs="+")
+    p.add_argument("--md", default="")
+    a = ap.parse_args()
+    if a.cmd == "passkey":
+        return cmd_passkey(a)
+    if a.cmd == "ppl":
+        return cmd_ppl(a)
+    if a.cmd == "choose":
+        pick, why = choose(a.set, a.model, a.methods.split(","), [Path(d) for d in a.dirs])
+        print(f"# {why}", file=sys.stderr)
+        print(pick)
+        return 0
+    txt = report([Path(d) for d in a.dirs])
+    if a.md:
+        Path(a.md).write_text(txt)
+    print(txt)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
