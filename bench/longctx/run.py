@@ -92,7 +92,9 @@ def corpus_for(srv: LlamaServer, set_name: str, model: str, texts: Path, cache: 
         t0 = time.monotonic()
         c = longctx.TokenizedCorpus.build(spec["file"], text, tok)
         print(f"  tokenized {spec['file']} for {model}: {c.total} tokens in {time.monotonic() - t0:.0f} s", flush=True)
-        cfile.write_text(json.dumps({"name": c.name, "sha256": c.sha256, "paragraphs": c.paragraphs, "sep": c.sep}))
+        tmp = cfile.with_suffix(f".{os.getpid()}.tmp")   # another process may read it: whole or not at all
+        tmp.write_text(json.dumps({"name": c.name, "sha256": c.sha256, "paragraphs": c.paragraphs, "sep": c.sep}))
+        tmp.replace(cfile)
         return c
 
 

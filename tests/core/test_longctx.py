@@ -1,0 +1,109 @@
+"""dcaforge.longctx: the long-context protocol's trials, prompts and scores (bench/longctx), on a word-level tokenizer."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dcaforge import longctx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tok(text: str) -> list[int]:
+    """A toy tokenizer: one token per whitespace-separated word (ids are stable hashes)."""
+    return [sum(map(ord, w)) % 50000 + 3 for w in text.split()]
+
+
+TEXT = "\n\n".join(f"Paragraph {i} " + " ".join(f"w{i}_{j}" for j in range(7 + i % 13)) for i in range(300))
+
+
+def test_wilson_interval():
+    assert longctx.wilson(0, 0) == (0.0, 1.0)
+    lo, hi = longctx.wilson(18, 20)
+    assert lo == pytest.approx(0.6990, abs=1e-3) and hi == pytest.approx(0.9721, abs=1e-3)
+    lo, hi = longctx.wilson(0, 20)
+    assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-3)
+    lo, hi = longctx.wilson(20, 20)
+    assert hi == 1.0 and lo == pytest.approx(0.8389, abs=1e-3)
+    with pytest.raises(ValueError):
+        longctx.wilson(3, 2)
+
+
+def test_trials_draw_a_fresh_key_depth_and_text_per_trial():
+    ts = longctx.trials("dev", 7, 4096, 20)
+    assert len({t.key for t in ts}) >= 19, "one key for many trials"
+    assert all(len(t.key) == 5 and t.key.isdigit() for t in ts)
+    assert all(0.02 <= t.depth <= 0.98 for t in ts)
+    assert len({round(t.start, 6) for t in ts}) == 20
+    assert ts == longctx.trials("dev", 7, 4096, 20), "not a pure function of its definition"
+    other = longctx.trials("heldout", 7, 4096, 20)
+    assert not {t.key for t in ts} & {t.key for t in other} or len({t.key for t in ts} & {t.key for t in other}) < 3
+
+
+@pytest.mark.parametrize("length", [300, 1000, 5000])
+def test_prompt_is_token_exact_with_the_needle_at_its_depth(length):
+    corpus = longctx.TokenizedCorpus.build("t", TEXT, tok)
+    frame = longctx.Frame.build(lambda s: [1, *tok(s)], tok)
+    for t in longctx.trials("dev", 1, length, 8):
+        needle = tok(longctx.NEEDLE.format(key=t.key))
+        toks = longctx.prompt_tokens(t, corpus, frame, needle)
+        assert len(toks) == length
+        assert toks[: len(frame.head)] == frame.head and toks[-len(frame.question):] == frame.question
+        d = longctx.needle_depth(t, toks, needle)
+        # between two paragraphs nearest the depth: within one paragraph (< 25 words here) of it
+        assert abs(d - t.depth) * length < 25 + len(frame.head) + 0.02 * length
+
+
+def test_corpus_is_a_ring_and_takes_exact_counts():
+    corpus = longctx.TokenizedCorpus.build("t", TEXT, tok)
+    paras = corpus.take(len(corpus.paragraphs) - 1, corpus.total + 17)   # wraps around the end
+    assert sum(map(len, paras)) == corpus.total + 17
+    with pytest.raises(ValueError):
+        longctx.TokenizedCorpus("empty", "", [], [])
+
+
+def test_pieces_cut_long_paragraphs():
+    long_para = "x" * (3 * longctx.MAX_PIECE)
+    ps = longctx.pieces("a\n\n\n" + long_para + "\n\n  \n\nb")
+    assert ps[0] == "a" and ps[-1] == "b" and all(0 < len(p) <= longctx.MAX_PIECE for p in ps)
+    assert "".join(ps[1:-1]) == long_para
+
+
+@pytest.mark.parametrize(("answer", "ok"), [(" 48213.", True), ("48213 is it", True), (" 4821", False),
+                                             (" 48212", False), (" the key 12345 or 48213", False), ("", False)])
+def test_scoring_takes_the_first_number_exactly(answer, ok):
+    assert longctx.passed("48213", answer) is ok
+
+
+def test_score_prints_k_n_and_interval():
+    s = longctx.Score()
+    for ok in [True] * 9 + [False]:
+        s.add(ok)
+    assert str(s).startswith("9/10 [0.60, 0.98]")
+
+
+def test_load_text_refuses_another_text(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("abc")
+    assert longctx.load_text(f, longctx.sha256_text("abc")) == "abc"
+    with pytest.raises(ValueError, match="sha256"):
+        longctx.load_text(f, "0" * 64)
+
+
+def test_the_sets_differ_in_every_axis():
+    """bench/longctx/sets.yaml: dev and held-out share no seed, text or length (evaluation.md)."""
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    dev, held = sets["dev"], sets["heldout"]
+    assert dev["seed"] != held["seed"]
+    assert dev["text"]["sha256"] != held["text"]["sha256"] and dev["text"]["file"] != held["text"]["file"]
+    for model in dev["cells"]:
+        a, b = dev["cells"][model], held["cells"][model]
+        assert not set(a["lengths"]) & set(b["lengths"]) and a["inside"] != b["inside"]
+        assert held["trials"] >= 20 and dev["trials"] >= 20
+    ks = {t.key for m, c in dev["cells"].items() for n in c["lengths"] for t in longctx.trials("dev", dev["seed"], n, 20)}
+    kh = {t.key for m, c in held["cells"].items() for n in c["lengths"] for t in longctx.trials("heldout", held["seed"], n, 20)}
+    assert len(ks & kh) <= math.ceil(0.02 * len(kh)), "the sets share keys"
