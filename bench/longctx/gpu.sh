@@ -4,15 +4,19 @@
 #              model once all its pieces are there (sha256 checked)
 #   build_bg   unpack cleanroom/gpu/tree.tar.gz (the clean room, rendered) and texts.tar.gz, and build llama-server,
 #              llama-perplexity and llama-batched-bench with CUDA (sm_90), detached
-#   run_bg     the whole protocol, detached, once the build and both models are there (below); results in ~/lc
+#   run_bg     the protocol's $STAGES (default "dev heldout ppl speed"), detached, once the build and both models are
+#              there (below); results in ~/lc. The machine is handed back 30 s after a call ends, detached work with
+#              it: keep calling `wait` back to back. The dev stage of 2026-12-05 is committed (dev-results/), so a
+#              session can start at STAGES="devppl heldout ppl speed" (devppl: the gemma perplexities it lost)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
 #   1. dev: passkey, gemma-3-270m at 81920 tokens (2.5x) and SmolLM2 at 24576 and 49152 (3x, 6x), 20 trials a cell,
 #      for every candidate of $GEMMA_DEV / $SMOL_DEV; dev perplexity of every candidate (gemma at 65536, SmolLM2 at
 #      24576 and 49152)
-#   2. the choice per model: run.py choose (most dev answers; within 2 of the best, the lowest dev perplexity)
-#   3. held-out, with the chosen setting beside YaRN and plain: passkey at every held-out length (gemma 98000, 196000,
+#   2. the choice per model: run.py choose (most dev answers; within 2 of the best, the lowest dev perplexity), over
+#      this run's dev results and the committed ones (bench/longctx/dev-results)
+#   3. held-out, with the chosen setting beside the uncalibrated default (`dca`: --dca on alone), YaRN and plain: passkey at every held-out length (gemma 98000, 196000,
 #      1040000: 3 trials at 1M; SmolLM2 32500, 65000), each model's inside-window ceiling, perplexity of every candidate
 #   4. speed: llama-batched-bench, SmolLM2 1 sequence at 32k and 64k, plain and the chosen DCA, 2 rounds alternating
 set -uo pipefail
@@ -65,42 +69,56 @@ speed() { # rounds
     done
 }
 
-pipeline() {
-    local t0=$SECONDS
-    until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f ~/model/smollm2-135m-instruct-q4_1.gguf ]; do
-        sleep 5; [ $((SECONDS - t0)) -gt 1500 ] && { echo "gave up waiting for build/models"; return 1; }
-    done
-    [ "$(cat ~/llb/build.rc)" = 0 ] || { echo "build failed"; tail -30 ~/llb/build.log; return 1; }
-    mkdir -p ~/lc/out
-    echo "== 1. dev $(date +%T)"
+stage_dev() {
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_DEV --lengths 81920 --jobs 3 "${COMMON[@]}" &
     $RUN passkey --set dev --model smollm2-135m --methods $SMOL_DEV --jobs 2 "${COMMON[@]}" &
     wait
     $RUN ppl --set dev --model smollm2-135m --methods $SMOL_DEV --jobs 3 "${COMMON[@]}" &
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_DEV --chars 600000 --jobs 2 "${COMMON[@]}" &
     wait
-    echo "== 2. choose $(date +%T)"
+}
+
+stage_devppl() { # gemma's dev perplexities, which the 2026-12-05 dev stage lost (host memory) for 4 of its 5 candidates
+    $RUN ppl --set dev --model gemma-3-270m --methods dca:2048:256,dca:4096:512,dca:8192:1024,dca:4096:512:auto --chars 600000 \
+        --jobs 2 "${COMMON[@]}"
+}
+
+choose() { # model methods: the dev choice over this run's results and the committed ones (bench/longctx/dev-results)
+    $RUN choose --set dev --model "$1" --methods "$2" ~/lc/out "$REPO/bench/longctx/dev-results" 2>>~/lc/out/choice.txt
+}
+
+stage_heldout() { # the choice beside the uncalibrated default (dca), YaRN and plain; SmolLM2 first (fast), gemma's 1M beside
     local G S
-    G=$($RUN choose --set dev --model gemma-3-270m --methods $GEMMA_DEV ~/lc/out 2>>~/lc/out/choice.txt)
-    S=$($RUN choose --set dev --model smollm2-135m --methods $SMOL_DEV ~/lc/out 2>>~/lc/out/choice.txt)
-    echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
-    cat ~/lc/out/choice.txt
-    echo "== 3. held-out $(date +%T)"
+    G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
+    echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt; cat ~/lc/out/choice.txt
     $RUN passkey --set heldout --model gemma-3-270m --methods $G --lengths 1040000 "${COMMON[@]}" > ~/lc/out/heldout-1m.log 2>&1 &
     local one_m=$!
-    $RUN passkey --set heldout --model smollm2-135m --methods $S,yarn,plain --lengths 32500,65000,inside --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout --model gemma-3-270m --methods $G,yarn,plain --lengths 98000,inside --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout --model gemma-3-270m --methods $G,yarn --lengths 196000 --jobs 2 "${COMMON[@]}"
-    $RUN ppl --set heldout --model smollm2-135m --methods $SMOL_DEV,yarn,plain --jobs 3 "${COMMON[@]}"
-    $RUN ppl --set heldout --model gemma-3-270m --methods $G,yarn --chars 600000 --jobs 2 "${COMMON[@]}"
+    $RUN passkey --set heldout --model smollm2-135m --methods $S,dca,yarn,plain --lengths 32500,65000,inside --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout --model gemma-3-270m --methods $G,dca,yarn,plain --lengths 98000,inside --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout --model gemma-3-270m --methods $G,dca,yarn --lengths 196000 --jobs 3 "${COMMON[@]}"
     wait $one_m
-    echo "== 4. speed $(date +%T)"
-    speed "$S"
+}
+
+stage_ppl() {
+    $RUN ppl --set heldout --model smollm2-135m --methods $SMOL_DEV,dca,yarn,plain --jobs 3 "${COMMON[@]}"
+    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
+stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }
+
+pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there
+    local t0=$SECONDS st
+    until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f ~/model/smollm2-135m-instruct-q4_1.gguf ]; do
+        sleep 5; [ $((SECONDS - t0)) -gt 1500 ] && { echo "gave up waiting for build/models"; return 1; }
+    done
+    [ "$(cat ~/llb/build.rc)" = 0 ] || { echo "build failed"; tail -30 ~/llb/build.log; return 1; }
+    mkdir -p ~/lc/out
+    for st in ${STAGES:-dev heldout ppl speed}; do echo "== $st $(date +%T)"; "stage_$st"; done
     echo "== done $(date +%T)"
 }
 
 step_run_bg() {
-    setsid nohup bash -c "cd $REPO && source bench/longctx/gpu.sh && pipeline > ~/lc/pipeline.log 2>&1; touch ~/lc/pipeline.done" \
+    setsid nohup bash -c "cd $REPO && STAGES='${STAGES:-dev heldout ppl speed}' && source bench/longctx/gpu.sh && pipeline > ~/lc/pipeline.log 2>&1; touch ~/lc/pipeline.done" \
         >/dev/null 2>&1 </dev/null &
     echo "pipeline started"
 }

@@ -175,7 +175,8 @@ def cmd_ppl(a: argparse.Namespace) -> int:
         logits = out / f"{tag}.kld"
         argv = [str(Path(a.bin) / "llama-perplexity"), "-m", str(Path(a.models) / m["file"]), "-f", str(tfile),
                 "-c", str(ctx), "-b", "2048", "-ub", "512", "-ngl", "99", "-fa", "on",
-                "--kl-divergence-base", str(logits), *method_args(method, ctx, m["trained"], m["arch"])]
+                *(["--kl-divergence-base", str(logits)] if m.get("kld", True) else []),
+                *method_args(method, ctx, m["trained"], m["arch"])]
         t0 = time.monotonic()
         p = subprocess.run(argv, capture_output=True, text=True, check=False,
                            env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")})

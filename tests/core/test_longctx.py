@@ -107,3 +107,23 @@ def test_the_sets_differ_in_every_axis():
     ks = {t.key for m, c in dev["cells"].items() for n in c["lengths"] for t in longctx.trials("dev", dev["seed"], n, 20)}
     kh = {t.key for m, c in held["cells"].items() for n in c["lengths"] for t in longctx.trials("heldout", held["seed"], n, 20)}
     assert len(ks & kh) <= math.ceil(0.02 * len(kh)), "the sets share keys"
+
+
+def test_committed_dev_results_are_the_sets_trials_scored_strictly():
+    """bench/longctx/dev-results: every record is a trial of the dev set as sets.yaml defines it (its key), and its
+    score is the strict one recomputed from the answer, not taken from the file."""
+    import json
+
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    dev = sets["dev"]
+    rows = [json.loads(line) for line in (REPO / "bench" / "longctx" / "dev-results" / "passkey.jsonl").read_text().splitlines()]
+    assert len(rows) >= 200
+    keys = {}
+    for r in rows:
+        assert r["set"] == "dev"
+        n = int(r["length"])
+        if (n, r["index"]) not in keys:
+            keys[(n, r["index"])] = longctx.trials("dev", dev["seed"], n, dev["trials"])[r["index"]].key
+        assert r["key"] == keys[(n, r["index"])], r
+        assert r["tokens"] == n
+        assert r["ok"] == longctx.passed(r["key"], r["answer"]), r
