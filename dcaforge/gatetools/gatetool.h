@@ -66,7 +66,7 @@ struct gate_opts {
     bool      dca       = false;
     int       dca_chunk = 0;
     int       dca_local = 0;
-    float     dca_yarn  = -1.0f;  // llama.cpp's default: auto ((n_ctx_seq / trained context)^(1/ln 2) past it); 0 = off
+    float     dca_yarn  = 0.0f;   // llama.cpp's default: off; -1 = auto ((n_ctx_seq / trained context)^(1/ln 2) past it)
 #endif
 };
 

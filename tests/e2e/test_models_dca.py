@@ -482,10 +482,12 @@ def test_b_default_has_no_temperature(runner, dca_exe, models_dir, reference_log
     assert rel_err(auto[0], reference_logits(arch, True, factor=f2)).max() < 1e-3
     gap = rel_err(reference_logits(arch, True, factor=f2), plain_ref)
     assert gap[1:].min() > 0.0, "the opt-in temperature does not move the logits"
-    # a prompt within one chunk (C - 10 tokens) in a long context: DCA on with its default sizes, bit for bit DCA off
-    _, short_on = runner.run(dca_exe, m, C - 10, fa=False, ctk="f32", ctv="f32", dca=True, n_ctx=4 * N_REF,
+    # a prompt within one chunk in a long context: DCA on with its default sizes (L/2, L/8: c = 96 for L = 256), bit for
+    # bit DCA off
+    c_auto = tiny.N_CTX_TRAIN // 2 - tiny.N_CTX_TRAIN // 8
+    _, short_on = runner.run(dca_exe, m, c_auto - 6, fa=False, ctk="f32", ctv="f32", dca=True, n_ctx=4 * N_REF,
                              chunk=0, local=0)
-    _, short_off = runner.run(dca_exe, m, C - 10, fa=False, ctk="f32", ctv="f32", dca=False, n_ctx=4 * N_REF)
+    _, short_off = runner.run(dca_exe, m, c_auto - 6, fa=False, ctk="f32", ctv="f32", dca=False, n_ctx=4 * N_REF)
     assert np.array_equal(short_on, short_off)
     # the load log says the temperature is off (-v: llama.cpp's logs)
     r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "log.f32"), "--seed", str(SEED), "--n-tokens", "16",
