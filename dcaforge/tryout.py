@@ -58,6 +58,7 @@ def try_model(cfg: Config, model: Path, *, ctx: int | None = None, prompt_file: 
               n_predict: int = 16, threads: int | None = None, extra_args: Sequence[str] = (),
               on_step: Callable[[str], None] | None = None) -> TryResult:
     step = on_step or (lambda _s: None)
+    model = model.expanduser().absolute()
     if not model.is_file():
         raise DcaforgeError(f"no model file at {model}", where=str(model),
                             hint="pass a GGUF file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf (the README says where to get it)")

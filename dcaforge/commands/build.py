@@ -74,7 +74,8 @@ def build(
         server = res.programs.get("llama-server")
         if server is not None and not res.cuda and res.variant == "feature":
             out.print(pasteable(f"next:      serve a GGUF past its trained context with DCA: `{shlex.quote(str(server))} "
-                                "-m MODEL.gguf -c 32768 --dca on` (its log then says \"llama_dca_resolve: DCA on\"), "
+                                "-m MODEL.gguf -c 32768 --dca on` (its log then says \"Dual Chunk Attention: the slot context (32768) extends "
+                                "past the training context of the model\"), "
                                 "or let `dcaforge try MODEL.gguf` answer a long prompt"), markup=False)
 
 

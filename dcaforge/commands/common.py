@@ -134,15 +134,16 @@ class DownloadBar:
         self.bar: Progress | None = None
         self.task: Any = None
         self.said = -1
+        self.last = ""
 
     def __call__(self, done: int, total: int | None) -> None:
         if not self.console.is_terminal:
             step = total // 10 if total else 10 * 10**6
             mark = done // step if step else 0
-            if mark != self.said and (done > 0 or total):
-                self.said = mark
-                self.console.print(shorten(f"  download: {done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else "")),
-                                   markup=False)
+            line = shorten(f"  download: {done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else ""))
+            if mark != self.said and (done > 0 or total) and line != self.last:
+                self.said, self.last = mark, line
+                self.console.print(line, markup=False)
             return
         if self.bar is None:
             self.bar = progress_bar(self.console)
