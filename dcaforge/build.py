@@ -34,7 +34,7 @@ from pathlib import Path
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
 from .errors import BuildError, DcaforgeError, MismatchError, SafetyError, ToolchainError
-from .git import git, rev_parse, run_streaming
+from .git import git, rev_parse, run, run_streaming
 
 #: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
 #: static libraries (the gates link the logits dumper against libllama.a), no network pieces.
@@ -242,10 +242,12 @@ def cosmocc_dir(tree: Path, would_run: Sequence[str] = ()) -> Path:
     folder = tree / rel
     if not (folder / "bin" / "cosmocc").exists():
         dl = cosmocc_download_command(tree, rel)
-        how = (f"`cd {shlex.quote(str(tree))} && {dl}` (llamafile's own rule for {rel} in build/config.mk; it downloads cosmocc.zip and "
-               "checks its sha256)" if dl else
-               f"`cd {shlex.quote(str(tree))} && build/download-cosmocc.sh {rel} VERSION SHA256` (the values are in llamafile's "
-               "build/config.mk)")
+        # a subshell: the shell that pastes it stays in its folder, where the `dcaforge build -c CONFIG` after it
+        # (a relative CONFIG too) still names the config
+        how = (f"`(cd {shlex.quote(str(tree))} && {dl})` (llamafile's own rule for {rel} in build/config.mk; it downloads "
+               "cosmocc.zip and checks its sha256)" if dl else
+               f"`(cd {shlex.quote(str(tree))} && build/download-cosmocc.sh {rel} VERSION SHA256)` (the values are in "
+               "llamafile's build/config.mk)")
         raise ToolchainError(
             f"cosmocc is not in the tree: {folder}/bin/cosmocc is missing, so llamafile's make cannot run "
             "(its Makefile would download cosmocc; dcaforge never downloads it for you)",
@@ -370,6 +372,7 @@ class BuildResult:
     seconds: float = 0.0
     steps: list[Step] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
+    programs: dict[str, Path] = field(default_factory=dict)  # each target built as an executable -> its file
 
     @property
     def compiled(self) -> int:
@@ -534,7 +537,61 @@ def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, 
         argv = [cmake, "--build", str(build_dir), "-j", str(jobs), *([a for t in tgts for a in ("--target", t)])]
     runner("build", argv, tree, diag_base=build_dir)
     res.outputs = [build_dir / "bin"]
+    files = target_outputs(build_dir, tgts, ninja=tool if gen == "ninja" else None)
+    res.programs = {t: f for t, f in files.items() if f is not None and _is_program(f)}
     return res
+
+
+def _is_program(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK) and path.suffix not in (".a", ".so", ".dylib", ".o")
+
+
+def target_outputs(build_dir: Path, targets: Sequence[str], *, ninja: str | None) -> dict[str, Path | None]:
+    """Where each target's file is (or will be) in ``build_dir``: ninja's own record of it (``ninja -t query``: a
+    phony target's one input, e.g. ``bin/llama-server``), else ``bin/T`` or ``T`` where such a file exists; None
+    when neither tells (a target of several files, or not built yet under Makefiles)."""
+    found: dict[str, Path | None] = {}
+    if ninja is not None and targets and (build_dir / "build.ninja").is_file():
+        res = run([ninja, "-C", str(build_dir), "-t", "query", *targets], build_dir, check=False)
+        found = _parse_query(res.stdout, build_dir)
+        for t in targets:  # an unknown target ends the query (exit 1): those after it, one at a time
+            if t not in found and not res.ok:
+                found.update(_parse_query(run([ninja, "-C", str(build_dir), "-t", "query", t], build_dir,
+                                              check=False).stdout, build_dir))
+    for t in targets:
+        if found.get(t) is None:
+            found[t] = next((p for p in (build_dir / "bin" / t, build_dir / t) if p.is_file()), None)
+    return {t: found.get(t) for t in targets}
+
+
+def _parse_query(text: str, build_dir: Path) -> dict[str, Path | None]:
+    """``ninja -t query`` blocks: ``T:``, ``  input: RULE``, its inputs (4 spaces), ``  outputs:``, ..."""
+    out: dict[str, Path | None] = {}
+    target: str | None = None
+    rule: str | None = None
+    inputs: list[str] = []
+    section = ""
+
+    def close() -> None:
+        if target is None:
+            return
+        if rule == "phony":
+            files = [i for i in inputs if not i.startswith(("|", "||"))]
+            out[target] = build_dir / files[0] if len(files) == 1 else None
+        else:
+            out[target] = build_dir / target  # built by a rule of its own: the target is the file
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            close()
+            target, rule, inputs, section = line[:-1], None, [], ""
+        elif line.startswith("  input: "):
+            rule, section = line.split(":", 1)[1].strip(), "input"
+        elif line.startswith("  outputs:") or line.startswith("  validations:"):
+            section = "outputs"
+        elif line.startswith("    ") and section == "input":
+            inputs.append(line.strip())
+    close()
+    return out
 
 
 def _cuda_argv(cfg: Config, tree: Path) -> list[str]:
@@ -597,6 +654,90 @@ def _build_llamafile(cfg: Config, room: Room, tree: Path, variant: str, cuda: bo
         runner(script.name, _cuda_argv(cfg, tree), tree, diag_base=tree)
         res.outputs.append(output)
     return res
+
+
+# --- the cmake build's plan: configure only ------------------------------------------------
+
+@dataclass
+class CmakePlan:
+    """``dcaforge build --dry-run`` on a cmake config: the configure run into a scratch folder (the build folder
+    is not touched), and what a build of the targets would do there and where each target's file would land."""
+
+    tree: Path
+    build_dir: Path                 # where `dcaforge build` builds (and the files below land)
+    configure: list[str]            # the configure command `dcaforge build` runs (into build_dir)
+    targets: tuple[str, ...]        # () = cmake's default target (everything)
+    files: dict[str, Path | None]   # target -> its file in build_dir (None: several files, or not known)
+    steps: int | None               # ninja's steps for the targets from scratch (None: not ninja)
+    configured: bool                # build_dir is already configured with this command
+    wiring: object                  # wiring.WiringReport: every file the feature adds is compiled
+    log: Path
+    cuda: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(getattr(self.wiring, "ok", True))
+
+
+def cmake_plan(cfg: Config, *, cuda: bool = False, targets: Sequence[str] | None = None,
+               hooks: BuildHooks | None = None) -> CmakePlan:
+    """``dcaforge build --dry-run`` for ``build.backend: cmake``: cmake configures into a scratch folder of the
+    room's metadata (the build folder is not touched), ninja counts the steps the targets take (``-n``: nothing
+    runs) and names each target's file; nothing is compiled."""
+    from .wiring import check_room
+
+    if cfg.build.backend != "cmake":
+        raise DcaforgeError("the configure-only plan is for build.backend: cmake",
+                            hint="`dcaforge build --dry-run` runs llamafile's make -n for build.backend: llamafile")
+    hooks = hooks or BuildHooks()
+    room = Room.of(cfg)
+    room.require()
+    c = cfg.build.cmake
+    t0 = time.monotonic()
+    with locked(room):
+        base = rev_parse(room.path, BASELINE_TAG)
+        if base is None:
+            raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
+                                where=str(room.path), hint="`dcaforge apply --continue`")
+        tree = room.path
+        rendered = sorted((room.load_state().get("rendered") or {}).keys())
+        wiring = check_room(cfg, tree, base, rendered)
+        cmake = require_tool("cmake", HOW["cmake"])
+        gen = c.generator.lower()
+        ninja = require_tool("ninja", HOW["ninja"]) if gen == "ninja" else None
+        nvcc = find_nvcc() if cuda else None
+        source = tree / cfg.llama_cpp_dir
+        if not (source / "CMakeLists.txt").is_file():
+            raise DcaforgeError(f"no CMakeLists.txt in {source}", where=str(source),
+                                hint="check 'llama_cpp_dir:' in the config, or use build.backend: llamafile")
+        build_dir = tree / (c.cuda_dir if cuda else c.dir)
+        use_ccache = cfg.build.ccache and _which("ccache") is not None
+        real = cmake_configure_args(cfg, source, build_dir, cuda=cuda, ccache=use_ccache, nvcc=nvcc)
+        real[0] = cmake
+        stamp = build_dir / STAMP
+        configured = stamp.is_file() and stamp.read_text() == json.dumps({"argv": real[1:]}, sort_keys=True)
+        scratch = room.meta / ("plan-cmake-cuda" if cuda else "plan-cmake")
+        if scratch.exists():
+            shutil.rmtree(scratch)
+        scratch.mkdir(parents=True)
+        log = _log_path(room, "plan", cuda)
+        runner = _Runner(log, hooks, {"CCACHE_BASEDIR": str(cfg.workspace)} if use_ccache else {})
+        tgts = tuple(targets) if targets else c.targets
+        try:
+            args = cmake_configure_args(cfg, source, scratch, cuda=cuda, ccache=use_ccache, nvcc=nvcc)
+            args[0] = cmake
+            runner("configure", args, tree, diag_base=source)
+            steps: int | None = None
+            if ninja is not None:
+                step = runner("plan", [ninja, "-C", str(scratch), "-n", *tgts], tree, diag_base=scratch)
+                steps = step.progress.total if step.progress else 0
+            files = {t: (build_dir / f.relative_to(scratch) if f is not None else None)
+                     for t, f in target_outputs(scratch, tgts, ninja=ninja).items()}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return CmakePlan(tree=tree, build_dir=build_dir, configure=real, targets=tgts, files=files, steps=steps,
+                     configured=configured, wiring=wiring, log=log, cuda=cuda, seconds=time.monotonic() - t0)
 
 
 # --- llamafile's build without cosmocc: the dry run ----------------------------------------

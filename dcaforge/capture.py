@@ -16,7 +16,7 @@ from pathlib import Path
 from . import bookkeeping
 from .bookkeeping import DocUpdate, check_outside_trees
 from .cleanroom import Room, locked, os_error, write_all_atomic
-from .config import Config
+from .config import Config, is_packaged, read_only_default
 from .errors import DcaforgeError
 from .trees import baseline_tree, changed_paths, tree_diff, worktree_tree
 
@@ -88,6 +88,8 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
         except OSError as exc:
             raise os_error(exc, dest, "the patch") from None
         writes = [(dest, data, 0o644)] if old != data else []
+        if writes and is_packaged(dest):
+            raise read_only_default("capture", dest)
         write_all_atomic(writes + bookkeeping.writes(updates), "the patch")
         room.update_state(captured={"patch": str(dest), "sha256": sha, "tree": tree})
         return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files,

@@ -10,10 +10,12 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
-from .commands import apply, build, gate, patch, render, status
+from .commands import apply, build, gate, patch, render, status, tryout
 from .commands.common import out, run_from, setup_logging
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+#: plain help (``-c, --config CONFIG``, flags without a type label, at most 80 columns wide); shell
+#: completion: ``dcaforge --install-completion`` (bash, zsh, fish) or ``--show-completion``
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
 
 
@@ -34,22 +36,24 @@ def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log eve
     setup_logging(verbose)
 
 
-app.command()(apply.apply)
-app.command()(render.render)
-app.command()(render.drift)
-app.command()(patch.capture)
-app.command()(patch.templatize)
-app.command()(patch.verify)
-app.command()(status.status)
-app.command()(build.build)
-app.command()(gate.gate)
+# each command's line in `dcaforge --help` (its docstring, in full, heads its own --help)
+app.command(short_help="make or refresh the clean room: series, baseline, feature")(apply.apply)
+app.command(short_help="render the feature's templates into the clean room")(render.render)
+app.command(short_help="count the feature's edits that fit another llama.cpp tree")(render.drift)
+app.command(short_help="write the clean room's changes as the feature's patch")(patch.capture)
+app.command(short_help="write the clean room's changes back into the templates")(patch.templatize)
+app.command(short_help="prove the patch round-trips (and equals a fresh render)")(patch.verify)
+app.command(short_help="where the clean room stands")(status.status)
+app.command(short_help="build the clean room: llama-server, llama-cli, ...")(build.build)
+app.command(short_help="run the config's acceptance gates on the builds")(gate.gate)
+app.command("try", short_help="serve a GGUF past its trained context with DCA, answer a prompt")(tryout.try_)
 
 
 def main() -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
     run_from(sys.argv[1:])
-    app()
+    app(prog_name="dcaforge")  # the name completion keys on (_DCAFORGE_COMPLETE), however it was started
 
 
 if __name__ == "__main__":

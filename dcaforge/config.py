@@ -8,7 +8,7 @@ dcaforge is installed from (``root: ..``, so its paths resolve to the repository
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,13 @@ from .ruler import TASKS as RULER_TASKS
 from .yamlio import Reader, describe, load_yaml
 
 DEFAULT_CONFIG_NAME = "dcaforge.yaml"
-BUILTIN_CONFIG = REPO_ROOT / "examples" / "upstream.yaml"
+#: The built-in default in the checkout dcaforge runs from (an editable install, or the tests).
+CHECKOUT_CONFIG = REPO_ROOT / "examples" / "upstream.yaml"
+#: The same file as package data of a wheel (``pip install .``): setup.py copies it, the templates and the patch
+#: it names into ``dcaforge/builtin/`` in the repository's layout, so its ``root: ..`` names that folder.
+PACKAGED = Path(__file__).resolve().parent / "builtin"
+PACKAGED_CONFIG = PACKAGED / "examples" / "upstream.yaml"
+BUILTIN_CONFIG = CHECKOUT_CONFIG if CHECKOUT_CONFIG.is_file() else PACKAGED_CONFIG
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
@@ -123,6 +129,7 @@ class FeatureConfig:
     templates: Path
     marker: str
     vars: dict[str, Any] = field(default_factory=dict)
+    where: str = ""  # file:line of 'templates:' in the config, for messages
 
     @property
     def patch_name(self) -> str:
@@ -223,14 +230,38 @@ def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
     if local.is_file():
         return local
     if not BUILTIN_CONFIG.is_file():
-        raise ConfigError(f"no {DEFAULT_CONFIG_NAME} here and no built-in default at {BUILTIN_CONFIG}",
-                          where=str(local),
-                          hint="pass -c CONFIG, or install dcaforge from its repository (pip install -e .)")
+        raise ConfigError(f"no {DEFAULT_CONFIG_NAME} here and no built-in default at {BUILTIN_CONFIG} (this dcaforge "
+                          "was installed without it)", where=str(local),
+                          hint="pass your config with -c (every command takes it), e.g. the examples/upstream.yaml "
+                               "of a dcaforge checkout; or install dcaforge again from its checkout (pip install . "
+                               "there), which carries the built-in default")
     return BUILTIN_CONFIG
 
 
 def load_config(explicit: Path | None = None, cwd: Path | None = None) -> Config:
-    return parse_config(find_config(explicit, cwd))
+    """The config :func:`find_config` finds, parsed. The built-in default from package data (a wheel's
+    ``dcaforge/builtin/``) keeps its clean rooms in ``./cleanroom`` of the current folder (``cwd``), not in the
+    installed package; its templates and patch are the package's, read only."""
+    path = find_config(explicit, cwd)
+    cfg = parse_config(path)
+    if is_packaged(path):
+        cfg = replace(cfg, workspace=(cwd or Path.cwd()).resolve() / "cleanroom")
+    return cfg
+
+
+def read_only_default(command: str, path: Path) -> ConfigError:
+    """The error of a command that would write the built-in default's templates or patch inside the installed
+    package (a wheel's dcaforge/builtin/): they are what the package ships, not the user's."""
+    return ConfigError(f"{command} would write {path}, which is part of the installed dcaforge (the built-in "
+                       "default's package data), not yours", where=str(path),
+                       hint="to change the feature, work in a clone of dcaforge installed with `pip install -e .` (its "
+                            "templates/ and patches/ are then yours), or copy examples/upstream.yaml, templates/dca and "
+                            "patches/ to a folder of yours and pass -c")
+
+
+def is_packaged(path: Path) -> bool:
+    """Whether ``path`` is package data of the installed dcaforge (the built-in default's files in a wheel)."""
+    return is_within(path, PACKAGED)
 
 
 def _rel_path(value: str, base: Path) -> Path:
@@ -326,11 +357,53 @@ def parse_config(path: Path) -> Config:
         templates=_rel_path(feat.get("templates", str, required=True), root),
         marker=feat.get("marker", str, required=True),
         vars=dict(feat.get("vars", dict, default={})),
+        where=feat.where("templates"),
     )
-    return Config(path=path, root=root, name=name, workspace=workspace, source=source,
-                  llama_cpp_dir=llama_cpp_dir, bootstrap=bootstrap, series=series, feature=feature,
-                  build=_parse_build(top), gates=_parse_gates(top, root),
-                  bookkeeping=_parse_bookkeeping(top, root, feature))
+    cfg = Config(path=path, root=root, name=name, workspace=workspace, source=source,
+                 llama_cpp_dir=llama_cpp_dir, bootstrap=bootstrap, series=series, feature=feature,
+                 build=_parse_build(top), gates=_parse_gates(top, root),
+                 bookkeeping=_parse_bookkeeping(top, root, feature))
+    _check_room_in_tree(cfg, top)
+    return cfg
+
+
+def working_tree_of(path: Path) -> Path | None:
+    """The git working tree that holds ``path`` (the nearest folder above it with a ``.git``), or None."""
+    for folder in (path, *path.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def _check_room_in_tree(cfg: Config, top: Reader) -> None:
+    """A relative ``root:`` that climbs out of the git working tree holding the config (``root: ..`` of
+    examples/upstream.yaml, copied into another checkout) would put the clean room in the folder above that tree:
+    refused, with what it resolved to. A config that puts its room elsewhere on purpose (an absolute ``root:`` or
+    ``cleanroom:``, a room inside the tree) is left alone."""
+    raw = top.get("root", str, default=".")
+    if cfg.path is None or Path(raw).expanduser().is_absolute() or ".." not in Path(raw).parts:
+        return
+    tree = working_tree_of(cfg.path.parent)
+    if tree is None or is_within(cfg.root, tree) or is_within(cfg.room, tree):
+        return
+    copy = cfg.path.parent.name != "examples"
+    raise ConfigError(
+        f"the clean room would land outside the working tree that holds this config: root: {raw} resolves to "
+        f"{cfg.root}, above {tree}, so the clean room would be {cfg.room}", where=top.where("root"),
+        details=f"paths in a config resolve against root:, and a relative root: against the config's folder "
+                f"({cfg.path.parent})",
+        hint=("this looks like a copy of one of dcaforge's examples/ (root: .. names the dcaforge checkout from its "
+              "examples/ folder): " if copy else "")
+             + "set root: to the folder that holds the templates/ and patches/ it means (an absolute path, or . for "
+               "the config's own folder), or set cleanroom: to where the clean room should go")
+
+
+def is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 # --- bootstrap: and bookkeeping: ----------------------------------------------------------

@@ -203,6 +203,7 @@ class ApplyHooks:
 
     on_patch: Callable[[int, int, Patch], None] | None = None
     on_step: Callable[[str], None] | None = None
+    on_download: Callable[[int, int | None], None] | None = None  # the sdist's bytes so far, its size (another thread)
 
 
 @dataclass
@@ -306,12 +307,28 @@ def apply(cfg: Config, *, fresh: bool = False, cont: bool = False, include_wip: 
                              hint=_NEXT_AFTER_INTERRUPT[stage[0]]) from None
 
 
+def require_feature(cfg: Config) -> None:
+    """The feature folder the config names must be there (a manifest.yaml in it): a config whose paths resolve
+    elsewhere than meant (a copied config's root:) is refused before anything is made, naming where they went."""
+    folder = cfg.feature.templates
+    if (folder / "manifest.yaml").is_file():
+        return
+    what = "has no manifest.yaml" if folder.is_dir() else "does not exist"
+    raise ConfigError(
+        f"the feature folder {folder} {what}", where=cfg.feature.where or cfg.describe(),
+        details=f"feature.templates resolves against root: {cfg.root} (a relative root: against the config's folder)",
+        hint="point feature.templates (or root:) at the folder that holds manifest.yaml, e.g. the templates/dca of "
+             "the dcaforge checkout; `dcaforge apply --no-render` applies the series alone")
+
+
 def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool, hooks: ApplyHooks, trust: bool,
            force: bool, stage: list[str]) -> ApplyResult:
+    if render:
+        require_feature(cfg)
     patches = discover(cfg)  # check first: the series is readable, and names nothing outside the tree
     check_series(patches)
     room = Room.of(cfg)
-    base = prepare(cfg, trust)
+    base = prepare(cfg, trust, hooks.on_download)
     result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
     if base.checkout is not None:
         result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)

@@ -10,6 +10,7 @@ uncommitted files it left behind (``--include-wip`` copies them into the clean r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -19,6 +20,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from . import confine
 from . import trust as consent
 from .config import Config, GitSource, PypiSource
 from .errors import CommandError, ConfigError, SafetyError
-from .git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run
+from .git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run_streaming
 
 
 def cache_root() -> Path:
@@ -69,31 +71,96 @@ def import_message(src: PypiSource) -> str:
     return f"dcaforge: import {src.requirement} ({src.subdir})\n"
 
 
-def download_sdist(requirement: str, dest: Path, may_run: Callable[[str], None] | None = None) -> Path:
+#: pip's line naming the file it downloads and its size: "  Downloading llama_cpp_python-0.3.36.tar.gz (76.6 MB)"
+_PIP_DOWNLOADING = re.compile(r"Downloading \S+ \((\d+(?:\.\d+)?) (bytes|kB|MB|GB)\)")
+_UNITS = {"bytes": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9}
+ARCHIVES = (".tar.gz", ".zip", ".tgz")
+
+#: ``(bytes so far, total or None)``, called from another thread while pip downloads
+DownloadProgress = Callable[[int, "int | None"], None]
+
+
+def pip_download_size(line: str) -> int | None:
+    """The size pip announces on its ``Downloading NAME (76.6 MB)`` line, in bytes; None for other lines."""
+    m = _PIP_DOWNLOADING.search(line)
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def downloaded_bytes(pip_tmp: Path) -> int:
+    """What pip has written so far of the archive it downloads: pip downloads into a folder of its own under its
+    temporary folder (``pip-unpack-*``), then copies the file to ``-d``."""
+    total = 0
+    for folder in pip_tmp.glob("pip-unpack-*"):
+        for f in folder.iterdir():
+            if f.name.endswith(ARCHIVES):
+                with contextlib.suppress(OSError):
+                    total += f.stat().st_size
+    return total
+
+
+def download_sdist(requirement: str, dest: Path, may_run: Callable[[str], None] | None = None,
+                   on_progress: DownloadProgress | None = None) -> Path:
     """The sdist of ``requirement`` in ``dest`` (downloaded with pip unless already there).
 
     pip prepares an sdist's metadata by running its build backend (the package's own code), so a
-    download is a command: ``may_run(requirement)`` raises when the config is not trusted."""
-    found = sorted(p for p in dest.glob("*") if p.name.endswith((".tar.gz", ".zip", ".tgz")))
+    download is a command: ``may_run(requirement)`` raises when the config is not trusted.
+    ``on_progress``: the bytes pip has downloaded (read from its temporary folder a few times a second) and the
+    size it announced."""
+    found = sorted(p for p in dest.glob("*") if p.name.endswith(ARCHIVES))
     if found:
         return found[0]
     if may_run is not None:
         may_run(requirement)
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=dest))
+    pip_tmp = tmp / "pip-tmp"
+    pip_tmp.mkdir()
+    log_file = tmp / "pip.log"
+    size: list[int | None] = [None]
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = -1
+        while not stop.wait(0.2):
+            done = max(downloaded_bytes(pip_tmp), last)  # pip moves the whole file on: never backwards
+            if done != last and on_progress is not None:
+                on_progress(done, size[0])
+                last = done
+
+    def on_line(line: str) -> None:
+        announced = pip_download_size(line)
+        if announced is not None:
+            size[0] = announced
+
+    watcher = threading.Thread(target=watch, name="dcaforge-download", daemon=True)
     try:
-        run([sys.executable, "-m", "pip", "download", "--no-deps",
-             "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(tmp), "--", requirement],
-            dest, what=f"pip download {requirement}",
-            hint="check the requirement and your network or pip index; the sdist is cached after one success")
-        got = sorted(p for p in tmp.iterdir() if p.name.endswith((".tar.gz", ".zip", ".tgz")))
+        if on_progress is not None:
+            watcher.start()
+        rc = run_streaming([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            "--disable-pip-version-check", "--progress-bar", "off", "-d", str(tmp), "--", requirement],
+                           dest, log_file=log_file, on_line=on_line, env={"TMPDIR": str(pip_tmp)})
+        stop.set()
+        if watcher.is_alive():
+            watcher.join()
+        if rc != 0:
+            tail = "\n".join(log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-15:])
+            raise CommandError(f"pip download {requirement} failed (exit {rc})", where=str(dest), details=tail,
+                               hint="check the requirement and your network or pip index; the sdist is cached after "
+                                    "one success")
+        got = sorted(p for p in tmp.iterdir() if p.name.endswith(ARCHIVES))
         if not got:
             raise CommandError(f"pip downloaded no sdist for {requirement}", where=str(tmp),
                                hint="the package may ship wheels only; use a git source instead")
+        if on_progress is not None:
+            n = got[0].stat().st_size
+            on_progress(n, n)
         final = dest / got[0].name
         os.replace(got[0], final)
         return final
     finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -123,7 +190,8 @@ def _drop_nested_git(tree: Path) -> None:
             dirnames.remove(".git")
 
 
-def prepare_pypi(src: PypiSource, may_run: Callable[[str], None] | None = None) -> BaseSource:
+def prepare_pypi(src: PypiSource, may_run: Callable[[str], None] | None = None,
+                 on_download: DownloadProgress | None = None) -> BaseSource:
     """Download (once) and import (once) a PyPI sdist's subdir as a one-commit repository
     (``may_run``: see :func:`download_sdist`)."""
     root = cache_root()
@@ -132,14 +200,15 @@ def prepare_pypi(src: PypiSource, may_run: Callable[[str], None] | None = None) 
     bare.parent.mkdir(parents=True, exist_ok=True)
     with open(bare.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs importing the same sdist take turns
-        return _prepare_pypi_locked(src, root, bare, may_run)
+        return _prepare_pypi_locked(src, root, bare, may_run, on_download)
 
 
-def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Callable[[str], None] | None) -> BaseSource:
+def _prepare_pypi_locked(src: PypiSource, root: Path, bare: Path, may_run: Callable[[str], None] | None,
+                         on_download: DownloadProgress | None = None) -> BaseSource:
     if (bare / "dcaforge-import-done").is_file():
         commit = (bare / "dcaforge-import-done").read_text().strip()
         return BaseSource(clone_url=str(bare), ref=commit, description=src.describe())
-    archive = download_sdist(src.requirement, sdist_dir(src.requirement), may_run)
+    archive = download_sdist(src.requirement, sdist_dir(src.requirement), may_run, on_download)
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="import-", dir=root / "tmp"))
     try:
@@ -185,11 +254,11 @@ def prepare_git(src: GitSource) -> BaseSource:
                       submodules=src.submodules)
 
 
-def prepare(cfg: Config, trust: bool = False) -> BaseSource:
+def prepare(cfg: Config, trust: bool = False, on_download: DownloadProgress | None = None) -> BaseSource:
     """The source to clone from; a PyPI sdist that is not in the cache yet is downloaded only for a
-    trusted config (``trust``: --trust; see :mod:`dcaforge.trust`)."""
+    trusted config (``trust``: --trust; see :mod:`dcaforge.trust`), ``on_download`` told its progress."""
     if isinstance(cfg.source, PypiSource):
-        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req, sdist_dir(req)))
+        base = prepare_pypi(cfg.source, lambda req: consent.require_download(cfg, trust, req, sdist_dir(req)), on_download)
     else:
         base = prepare_git(cfg.source)
     check_workspace(cfg, base)

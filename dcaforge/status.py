@@ -39,7 +39,9 @@ class StatusResult:
     source_submodules_wip: list[str] = field(default_factory=list)  # submodules of the source with uncommitted files
     unsafe_config: list[str] = field(default_factory=list)  # settings in the room's .git/config dcaforge refuses
     patch: str = ""
-    patch_state: str = "unknown"  # fresh | stale | missing | unknown
+    patch_state: str = "unknown"  # fresh | stale | missing | unknown | interrupted (not compared: the room is half made)
+    interrupted: str | None = None  # what an apply was doing when it stopped (Ctrl-C, a kill), e.g. "applying the series"
+    next: str | None = None  # the command that goes on from here, when the room needs one
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,6 +76,14 @@ def status(cfg: Config) -> StatusResult:
     if res.rendered and (cfg.feature.templates / "manifest.yaml").is_file():
         res.templates_changed = state.get("templates_digest") != manifest_digest(cfg.feature.templates)
     res.dirty = hand_edited_files(room, state)
+    res.interrupted = _interrupted(state)
+    if res.interrupted is not None:
+        # a half-made room says nothing about the patch (its diff is not the feature's yet): not "stale"
+        res.patch_state = "interrupted" if cfg.feature_patch.is_file() else "missing"
+        res.next = "`dcaforge apply --continue`"
+        return res
+    if res.phase == "failed":
+        res.next = "`dcaforge apply --continue` once the patch is fixed (or resolved in the clean room)"
     if not cfg.feature_patch.is_file():
         res.patch_state = "missing"
     elif res.baseline:
@@ -86,3 +96,19 @@ def status(cfg: Config) -> StatusResult:
             # the room's diff is only the feature while the templates still render to it
             res.patch_state = "fresh" if same and not res.templates_changed and not res.render_error else "stale"
     return res
+
+
+#: what an apply was doing when it stopped, by the phase it left in the room's state
+_STOPPED = {"interrupted": "applying the series", "applying": "applying the series", "created": "applying the series",
+            "creating": "making the clean room", "resetting": "resetting the clean room"}
+
+
+def _interrupted(state: dict[str, Any]) -> str | None:
+    """What an interrupted ``apply`` was doing (None: it was not interrupted): the series (the room stays at its last
+    patch), a reset, or the render (``rendering`` is set while the render writes and cleared when it is done)."""
+    phase = state.get("phase")
+    if phase in _STOPPED:
+        return _STOPPED[phase]
+    if phase == "applied" and state.get("rendering"):
+        return "rendering the feature"
+    return None

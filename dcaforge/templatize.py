@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from .cleanroom import BASELINE_TAG, Room, locked
-from .config import Config
+from .config import Config, is_packaged, read_only_default
 from .errors import DcaforgeError
 from .git import git, run
 from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
@@ -490,6 +490,8 @@ def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree)
 def templatize(cfg: Config) -> TemplatizeResult:
     room = Room.of(cfg)
     room.require()
+    if is_packaged(cfg.feature.templates):
+        raise read_only_default("templatize", cfg.feature.templates)
     with locked(room):
         base = baseline_commit(room)
         prefix = cfg.llama_prefix.rstrip("/")

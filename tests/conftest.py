@@ -82,10 +82,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return RoomScheduling(config, log)
 
 
+#: the tests marked ``slow`` (``pytest -m "not slow"`` leaves them out): the end-to-end ones, which build llama.cpp
+SLOW_PREFIXES = ("tests/e2e/",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test_e2e_drift test that uses the upstream room must be in :data:`DRIFT_UPSTREAM_TESTS` (else it would run
-    beside the room's other users)."""
+    """Every tests/e2e test is marked ``slow``. A test_e2e_drift test that uses the upstream room must be in
+    :data:`DRIFT_UPSTREAM_TESTS` (else it would run beside the room's other users)."""
     for item in items:
+        if item.nodeid.startswith(SLOW_PREFIXES):
+            item.add_marker(pytest.mark.slow)
         if "cleanroom" in getattr(item, "fixturenames", ()) and xdist_group(item.nodeid) == "e2e-drift":
             raise pytest.UsageError(f"{item.nodeid} uses the cleanroom fixture: add its name to DRIFT_UPSTREAM_TESTS "
                                     "in tests/conftest.py")

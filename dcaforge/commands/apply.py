@@ -10,7 +10,7 @@ from rich.markup import escape
 from ..patchfile import Patch
 from ..series import ApplyHooks
 from ..series import apply as do_apply
-from .common import ConfigOpt, call, err, load, out
+from .common import ConfigOpt, DownloadBar, JsonOpt, call, err, load, out, print_json
 
 
 def apply(
@@ -23,6 +23,7 @@ def apply(
                                         "without it they run only from a config listed in the settings file")] = False,
     force: Annotated[bool, typer.Option("--force", help="with --fresh: discard hand edits in the clean room "
                                         "(without it, --fresh refuses a room that has them and lists them)")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Make or refresh the clean room, apply the series, tag the baseline, render the feature."""
     cfg = load(config)
@@ -34,8 +35,16 @@ def apply(
     def on_step(s: str) -> None:
         err.print(f"  {s}", markup=False)
 
-    res = call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
-                                hooks=ApplyHooks(on_patch=on_patch, on_step=on_step), trust=trust, force=force))
+    download = DownloadBar(err)
+    try:
+        res = call(lambda: do_apply(cfg, fresh=fresh, cont=cont, include_wip=include_wip, render=not no_render,
+                                    hooks=ApplyHooks(on_patch=on_patch, on_step=on_step, on_download=download),
+                                    trust=trust, force=force))
+    finally:
+        download.close()
+    if as_json:
+        print_json("apply", res)
+        return
     out.print(f"clean room: {res.room}")
     out.print(f"source:     {res.source}")
     out.print(f"series:     {res.total} patches ({len(res.applied_now)} applied now"

@@ -1,21 +1,24 @@
-"""``dcaforge build``: the clean room (or the baseline) built, with a progress bar on a terminal;
-``--dry-run``: llamafile's make and GPU script run dry, to show every added file is built."""
+"""``dcaforge build``: the clean room (or the baseline) built, with a progress bar on a terminal, then
+where the programs are; ``--dry-run``: cmake, configure only (into a scratch folder) and the plan;
+llamafile, its make and GPU script run dry, to show every added file is built."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from ..build import BuildHooks, dry_run
+from ..build import BuildHooks, cmake_plan, dry_run
 from ..build import Progress as BuildProgress
 from ..build import build as do_build
+from ..config import Config
 from ..errors import EXIT_MISMATCH
 from ..wiring import WiringReport
-from .common import ConfigOpt, call, err, load, out
+from .common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json, progress_bar, shorten
 from .render import print_wiring
 
 
@@ -25,42 +28,34 @@ def build(
                                        "architectures; llamafile: also llamafile/cuda.sh)")] = False,
     baseline: Annotated[bool, typer.Option("--baseline", help="build the baseline (series applied, no feature) "
                                            "in its own worktree <workspace>/<name>-baseline")] = False,
-    targets: Annotated[list[str] | None, typer.Option("--targets", "-t", help="targets to build (repeat, or "
-                                                      "space-separated); default: build.*.targets of the config")] = None,
-    jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
-    dry: Annotated[bool, typer.Option("--dry-run", help="llamafile: run its Makefile with make -n and a stand-in "
-                                      "cosmocc (and, with --cuda, the GPU script with a recording nvcc) and check "
-                                      "that the feature's files are compiled and linked; builds nothing")] = False,
+    targets: Annotated[list[str] | None, typer.Option("--targets", "-t", metavar="'T ...'", help="targets to build (repeat, "
+                                                      "or space-separated); default: build.*.targets of the config")] = None,
+    jobs: Annotated[int | None, typer.Option("-j", "--jobs", metavar="N", help="parallel jobs (default: build.jobs, else the cores)")] = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="build nothing: cmake configures into a scratch folder and prints "
+                                      "the plan (targets, where each lands, ninja's steps); llamafile runs its Makefile "
+                                      "with make -n and a stand-in cosmocc (and, with --cuda, the GPU script with a "
+                                      "recording nvcc) and checks that the feature's files are compiled and linked")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
+    """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make; print where the
+    programs are (the built-in default builds llama-server, llama-cli, llama-completion, llama-perplexity,
+    llama-passkey and libllama)."""
     if dry:
-        _dry_run(config, cuda, targets)
+        _dry_run(config, cuda, targets, as_json)
         return
     cfg = load(config)
     tgts = [t for group in (targets or []) for t in group.split()]
     what = "baseline" if baseline else "clean room"
     err.print(f"[bold]dcaforge build[/] {what} ({cfg.build.backend}{', cuda' if cuda else ''}) {escape(str(cfg.room))}",
               markup=True)
-    bar = Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<9}"), BarColumn(bar_width=30), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[item]}", markup=False),
-                   console=err, transient=False, disable=not err.is_terminal)
-    task = bar.add_task("build", total=None, step="", item="")
-
-    def on_step(step: str, argv: tuple[str, ...]) -> None:
-        bar.update(task, step=step, item=" ".join(argv)[-70:], completed=0, total=None)
-        if not err.is_terminal:
-            err.print(f"  {step}: {' '.join(argv)}", markup=False)
-
-    def on_progress(p: BuildProgress) -> None:
-        bar.update(task, completed=p.done, total=p.total, item=p.text[-70:])
-        if not err.is_terminal and (p.done == p.total or p.done % 50 == 0):
-            err.print(f"  [{p.done}/{p.total}] {p.text}", markup=False)
-
+    bar, hooks = _progress()
     with bar:
-        res = call(lambda: do_build(cfg, cuda=cuda, baseline=baseline, targets=tgts or None, jobs=jobs,
-                                    hooks=BuildHooks(on_step=on_step, on_progress=on_progress)),
+        res = call(lambda: do_build(cfg, cuda=cuda, baseline=baseline, targets=tgts or None, jobs=jobs, hooks=hooks),
                    interrupted="the build was stopped; run the same `dcaforge build` again to resume (only what is "
                                "left is built)")
+    if as_json:
+        print_json("build", res, compiled=res.compiled, bin_dir=res.bin_dir)
+        return
     for s in res.steps:
         if s.skipped:
             out.print(f"{s.what:<10} up to date")
@@ -72,14 +67,51 @@ def build(
     out.print(f"targets:   {' '.join(res.targets) or '(default)'}  -j{res.jobs}  ccache {'on' if res.ccache else 'off'}")
     out.print(f"log:       {res.log}")
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
+    if res.programs:
+        out.print("programs:")
+        for name, path in res.programs.items():
+            out.print(f"  {name:<18} {path}")
+        server = res.programs.get("llama-server")
+        if server is not None and not res.cuda and res.variant == "feature":
+            out.print(pasteable(f"next:      serve a GGUF past its trained context with DCA: `{shlex.quote(str(server))} "
+                                "-m MODEL.gguf -c 32768 --dca on` (its log then says \"Dual Chunk Attention: the slot context (32768) extends "
+                                "past the training context of the model\"), "
+                                "or let `dcaforge try MODEL.gguf` answer a long prompt"), markup=False)
 
 
-def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None:
+def _progress() -> tuple[Progress, BuildHooks]:
+    """The build's live progress: a bar on a terminal (at most its width: the step's text is shortened to what is
+    left of the line), else a line per step and per 50 compiled files, each cut to 80 columns."""
+    bar = progress_bar(err)
+    task = bar.add_task("build", total=None, step="", item="")
+
+    def on_step(step: str, argv: tuple[str, ...]) -> None:
+        bar.update(task, step=step, item=" ".join(argv), completed=0, total=None)
+        if not err.is_terminal:
+            err.print(shorten(f"  {step}: {' '.join(argv)}"), markup=False)
+
+    def on_progress(p: BuildProgress) -> None:
+        bar.update(task, completed=p.done, total=p.total, item=p.text)
+        if not err.is_terminal and (p.done == p.total or p.done % 50 == 0):
+            err.print(shorten(f"  [{p.done}/{p.total}] {p.text}"), markup=False)
+
+    return bar, BuildHooks(on_step=on_step, on_progress=on_progress)
+
+
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json: bool) -> None:
     cfg = load(config)
-    progs = [t for group in (targets or []) for t in group.split()]
-    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
+    tgts = [t for group in (targets or []) for t in group.split()]
+    if cfg.build.backend == "cmake":
+        _cmake_plan(cfg, cuda, tgts, as_json)
+        return
+    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=tgts or None))
     wiring = rep.wiring
     assert isinstance(wiring, WiringReport)
+    if as_json:
+        print_json("build", rep, dry_run=True, ok=rep.ok, problems=rep.problems)
+        if not rep.ok:
+            raise typer.Exit(EXIT_MISMATCH)
+        return
     print_wiring(wiring)
     out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
     for src, obj in rep.objects.items():
@@ -104,3 +136,31 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None
             err.print("the build leaves out files the feature adds", style="red")
         raise typer.Exit(EXIT_MISMATCH)
     out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
+
+
+def _cmake_plan(cfg: Config, cuda: bool, tgts: list[str], as_json: bool) -> None:
+    err.print(f"[bold]dcaforge build --dry-run[/] (cmake{', cuda' if cuda else ''}: configure only, into a scratch "
+              f"folder) {escape(str(cfg.room))}", markup=True)
+    bar, hooks = _progress()
+    with bar:
+        plan = call(lambda: cmake_plan(cfg, cuda=cuda, targets=tgts or None, hooks=hooks))
+    wiring = plan.wiring
+    assert isinstance(wiring, WiringReport)
+    if as_json:
+        print_json("build", plan, dry_run=True, ok=plan.ok)
+        if not plan.ok:
+            raise typer.Exit(EXIT_MISMATCH)
+        return
+    print_wiring(wiring)
+    out.print(f"configure: {shlex.join(plan.configure)}", markup=False)
+    out.print(f"           ({'the build folder is configured so already' if plan.configured else 'run by the build'})")
+    out.print(f"targets:   {' '.join(plan.targets) or '(default: everything)'}")
+    for name, path in plan.files.items():
+        out.print(f"  {name:<18} -> {path if path is not None else '(several files)'}", markup=False)
+    if plan.steps is not None:
+        out.print(f"steps:     {plan.steps} (ninja, from scratch; a build again compiles only what changed)")
+    out.print(f"log:       {plan.log}")
+    if not plan.ok:
+        err.print("the build leaves out files the feature adds", style="red")
+        raise typer.Exit(EXIT_MISMATCH)
+    out.print(pasteable(f"ok: nothing was built (dry run); `dcaforge build{' --cuda' if cuda else ''}` builds it"), markup=False)

@@ -9,6 +9,7 @@ removed after an interrupted run) are printed on stderr; ``-v`` logs every comma
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -16,24 +17,30 @@ import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from ..config import Config, load_config
 from ..errors import EXIT_INTERRUPTED, DcaforgeError, InterruptedRun
+from ..jsonable import report
 
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
-ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="dcaforge.yaml to use "
+ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", metavar="CONFIG", help="dcaforge.yaml to use "
                                                 "(default: ./dcaforge.yaml, else the built-in upstream default)")]
+#: ``--json``: the command's result as one JSON object on stdout (:func:`print_json`), its progress still on stderr
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the library's result, "
+                                       "field by field) instead of lines")]
 T = TypeVar("T")
 
 #: The commands that take ``-c CONFIG``.
-TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate"})
+TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate", "try"})
 _SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
 _HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
 _config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run
@@ -90,6 +97,64 @@ def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
                   "command again"), markup=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def print_json(command: str, result: Any, **extra: Any) -> None:
+    """``--json``: :func:`dcaforge.jsonable.report` of the result, sorted keys, on stdout."""
+    sys.stdout.write(json.dumps(report(command, result, **extra), indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+#: the widest line a progress line takes where no terminal tells its width (a log, CI)
+LINE = 80
+
+
+def shorten(text: str, width: int = LINE) -> str:
+    """``text`` cut to ``width`` columns (the end replaced by ``...``)."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def progress_bar(console: Console) -> Progress:
+    """A live progress line that fits the terminal (80 columns and narrower): a spinner, the step, a bar, n/N and
+    the time, then the item's text in what is left of the line, cut with an ellipsis. Off where ``console`` is not
+    a terminal (the commands print a line per step there instead)."""
+    return Progress(SpinnerColumn(), TextColumn("{task.fields[step]:<9.9}"), BarColumn(bar_width=16),
+                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[item]}", markup=False,
+                               table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis", min_width=0)),
+                    console=console, transient=False, expand=True, disable=not console.is_terminal)
+
+
+class DownloadBar:
+    """The sdist download's progress (``ApplyHooks.on_download``, called from the download's thread): a bar on a
+    terminal, started on the first call; elsewhere a line at each tenth of the size (or each 10 MB)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.task: Any = None
+        self.said = -1
+        self.last = ""
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if not self.console.is_terminal:
+            step = total // 10 if total else 10 * 10**6
+            mark = done // step if step else 0
+            line = shorten(f"  download: {done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else ""))
+            if mark != self.said and (done > 0 or total) and line != self.last:
+                self.said, self.last = mark, line
+                self.console.print(line, markup=False)
+            return
+        if self.bar is None:
+            self.bar = progress_bar(self.console)
+            self.task = self.bar.add_task("download", total=None, step="download", item="sdist (MB)")
+            self.bar.start()
+        self.bar.update(self.task, completed=round(done / 1e6, 1), total=round(total / 1e6, 1) if total else None)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def load(path: Path | None) -> Config:

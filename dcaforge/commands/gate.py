@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated
 
 import typer
@@ -12,13 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ..gate import GateHooks, points_table, run_gates
-from .common import ConfigOpt, call, err, load, out
+from .common import ConfigOpt, JsonOpt, call, err, load, out, print_json
 
 
 def gate(
     config: ConfigOpt = None,
-    only: Annotated[list[str] | None, typer.Option("--only", help="run only this gate (repeatable)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+    only: Annotated[list[str] | None, typer.Option("--only", metavar="NAME", help="run only this gate (repeatable)")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run the acceptance gates of the config on the builds; exit 1 when one fails."""
     cfg = load(config)
@@ -26,7 +24,7 @@ def gate(
                       on_step=lambda s: err.print(f"  {s}", markup=False))
     rep = call(lambda: run_gates(cfg, only=only or (), hooks=hooks), interrupted="the gates were stopped; no results written")
     if as_json:
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
+        print_json("gate", rep.to_dict())
     else:
         table = Table(title="gates")
         for col in ("gate", "kind", "result", "seconds", "details"):

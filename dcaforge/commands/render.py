@@ -15,19 +15,25 @@ from ..errors import EXIT_MISMATCH
 from ..render import EditReport
 from ..render import render as do_render
 from ..wiring import WiringReport
-from .common import ConfigOpt, call, err, load, out
+from .common import ConfigOpt, JsonOpt, call, err, load, out, print_json
 
 
 def render(
     config: ConfigOpt = None,
     check: Annotated[bool, typer.Option("--check", help="change nothing; report whether each anchor fits")] = False,
-    tree: Annotated[Path | None, typer.Option("--tree", help="with --check: check this folder instead of the baseline")] = None,
+    tree: Annotated[Path | None, typer.Option("--tree", metavar="DIR", help="with --check: check this folder instead of the baseline")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite hand edits in rendered files")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Render the feature templates into the clean room (idempotent)."""
     cfg = load(config)
     if check or tree is not None:
         res = call(lambda: do_check(cfg, tree))
+        if as_json:
+            print_json("render", res, check=True, ok=res.ok, anchors_ok=res.anchors_ok)
+            if not res.ok:
+                raise typer.Exit(EXIT_MISMATCH)
+            return
         # plain aligned lines (not a table that folds long paths): greppable in logs and CI
         rows = [("#", "file", "action", "fit", "matches", "status", "note")]
         rows += [(str(e.index), e.file or "-", e.action, e.fit, f"{e.matches}/{e.count}", e.status, e.note)
@@ -63,6 +69,9 @@ def render(
             raise typer.Exit(EXIT_MISMATCH)
         return
     r = call(lambda: do_render(cfg, force=force))
+    if as_json:
+        print_json("render", r, check=False)
+        return
     for rel in r.written:
         out.print(f"written   {rel}")
     for rel in r.restored:
@@ -111,12 +120,19 @@ def print_wiring(w: WiringReport) -> None:
 
 def drift(
     config: ConfigOpt = None,
-    sdist: Annotated[str | None, typer.Option("--sdist", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
-    tree: Annotated[Path | None, typer.Option("--tree", help="a llama.cpp tree (a folder)")] = None,
+    sdist: Annotated[str | None, typer.Option("--sdist", metavar="VERSION", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
+    tree: Annotated[Path | None, typer.Option("--tree", metavar="DIR", help="a llama.cpp tree (a folder)")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
     cfg = load(config)
     res = call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    if as_json:
+        print_json("drift", res, fit=res.fit, drifted=res.drifted, absent=res.absent, skipped=res.skipped,
+                   summary=res.summary(), ok=not res.misfits)
+        if res.misfits:
+            raise typer.Exit(EXIT_MISMATCH)
+        return
     print_misfits(res.misfits, {e.index: e for e in res.check.edits})
     out.print(res.summary())
     if res.misfits:

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from ..status import status as do_status
-from .common import ConfigOpt, call, load, out, pasteable
+from .common import ConfigOpt, JsonOpt, call, load, out, pasteable, print_json
 
 
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Source, series progress, baseline, render and patch freshness."""
     cfg = load(config)
     res = call(lambda: do_status(cfg))
     if as_json:
-        sys.stdout.write(json.dumps(res.to_dict(), indent=2, sort_keys=True) + "\n")
+        print_json("status", res)
         return
     rows: list[tuple[str, Any]] = [
         ("config", res.config), ("source", res.source), ("clean room", res.room + ("" if res.room_exists else " (none)")),
@@ -32,6 +28,8 @@ def status(
         ("hand edits", ", ".join(res.dirty) or "none"),
         ("patch", f"{res.patch} ({res.patch_state})"),
     ]
+    if res.interrupted:
+        rows.append(("interrupted", f"apply stopped while {res.interrupted}"))
     if res.failed:
         rows.append(("failed at", f"{res.failed.get('patch')} {res.failed.get('file') or ''} {res.failed.get('hunk') or ''}"))
     if res.source_uncommitted:
@@ -42,5 +40,8 @@ def status(
     if res.unsafe_config:
         rows.append(("room config", "UNSAFE: .git/config sets " + ", ".join(res.unsafe_config)
                      + pasteable(" (could run commands); `dcaforge apply` removes them")))
+    if res.next:
+        rows.append(("next", pasteable(res.next) if not res.interrupted else
+                     pasteable(f"interrupted, run apply again: {res.next} goes on from where it stopped")))
     for k, v in rows:
         out.print(f"{k:<11} {v}", markup=False)

@@ -4,7 +4,11 @@ llamafile-shaped tree in a clean room (no mocks: real git, cmake, ninja, make, g
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -454,3 +458,103 @@ def test_ctrl_c_stops_the_whole_build_and_frees_the_room(tiny_room, tmp_path: Pa
     assert not (cfg.workspace / "room.lock").exists()
     cm.write_text(TINY_CMAKE.replace("src/b.c)", "src/b.c src/feature.c)"))
     assert bmod.build(cfg, targets=["hello"]).steps[-1].what == "build"
+
+
+# --- what a user runs: the programs, the plan (--dry-run on cmake), progress in 80 columns, --json ----------------
+
+@needs
+def test_build_names_the_programs_it_built(tiny_room) -> None:
+    """The summary ends with each program's path (ninja's own record of the target), read from the real build;
+    the library's result carries them too, and --json prints that result."""
+    cfg = tiny_room
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "-j", "1"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    at = lines.index("programs:")
+    assert lines[at + 1].split() == ["hello", str(cfg.room / "build" / "hello")]  # llama is a library: not listed
+    assert (cfg.room / "build" / "hello").is_file()
+    # every progress line of a log (no terminal) fits 80 columns, whatever the command line's length
+    assert all(len(ln) <= 80 for ln in lines if ln.startswith(("  configure:", "  build:", "  [")))
+    assert any(ln.startswith("  build: ") and ln.endswith("...") for ln in lines), lines
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "-j", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["command"] == "build" and data["programs"] == {"hello": str(cfg.room / "build" / "hello")}
+    assert data["compiled"] == 0 and data["targets"] == ["hello", "llama"] and data["steps"][0]["skipped"] is True
+    assert set(data) >= {f.name for f in dataclasses.fields(bmod.BuildResult)}
+
+
+@needs
+def test_dry_run_on_cmake_configures_a_scratch_folder_and_prints_the_plan(tiny_room) -> None:
+    """`build --dry-run` on a cmake config (it used to exit 1: llamafile only): cmake configures into a scratch
+    folder, ninja counts the steps and names where each target lands; nothing is built, the build folder is not
+    made, and the scratch folder is gone afterwards."""
+    cfg = tiny_room
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert f"  hello              -> {cfg.room / 'build' / 'hello'}" in out
+    assert f"  llama              -> {cfg.room / 'build' / 'libllama.a'}" in out
+    steps = int(re.search(r"^steps:     (\d+) ", out, re.M).group(1))  # type: ignore[union-attr]
+    assert steps >= 5  # 4 compiles, an archive, a link
+    assert "configure: " in out and f"-B {cfg.room / 'build'}" in out and "run by the build" in out
+    assert "wiring (cmake): 1 of 1 added sources built" in out
+    assert not (cfg.room / "build").exists()
+    assert not (cfg.room / ".git" / "dcaforge" / "plan-cmake").exists()
+    # once built, the plan says the build folder is configured so; --targets and --json
+    assert CliRunner().invoke(app, ["build", "-c", str(cfg.path), "-j", "1"]).exit_code == 0
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--targets", "hello", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["command"] == "build" and plan["dry_run"] is True and plan["ok"] is True and plan["configured"] is True
+    assert plan["files"] == {"hello": str(cfg.room / "build" / "hello")} and plan["targets"] == ["hello"]
+    # an unknown target: ninja's own words, exit 1
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--targets", "no-such-target"])
+    assert r.exit_code == 1 and "unknown target 'no-such-target'" in r.output, r.output
+
+
+def test_the_progress_bar_fits_the_terminal() -> None:
+    """The live bar (a real rich Progress on a terminal 80 columns wide, and narrower) never wraps: the file being
+    built is cut to what is left of the line."""
+    from rich.console import Console
+
+    from dcaforge.commands.common import DownloadBar, progress_bar
+
+    for width in (80, 60):
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, force_terminal=True, color_system=None)
+        bar = progress_bar(console)
+        task = bar.add_task("build", total=None, step="configure", item="/usr/bin/cmake -S " + "x" * 200)
+        with bar:
+            bar.update(task, completed=1234, total=4567, step="build",
+                       item="Building CXX object tools/server/CMakeFiles/llama-server-impl.dir/" + "y" * 200)
+            bar.refresh()
+        lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln) for ln in buf.getvalue().replace("\r", "\n").splitlines()]
+        assert lines and max(len(ln) for ln in lines) <= width, lines
+        assert any("1234/4567" in ln and "Building CXX" in ln for ln in lines), lines
+    # the download's lines in a log: a line at each tenth, within 80 columns
+    buf = io.StringIO()
+    bar_ = DownloadBar(Console(file=buf, width=200, force_terminal=False))
+    for done in range(0, 76_600_001, 7_660_000):
+        bar_(done, 76_600_000)
+    bar_.close()
+    said = buf.getvalue().splitlines()
+    assert said[0] == "  download: 0.0 MB of 76.6 MB" and said[-1] == "  download: 76.6 MB of 76.6 MB"
+    assert len(said) == 11 and all(len(ln) <= 80 for ln in said)
+
+
+def test_e2e_builds_name_their_targets() -> None:
+    """The default build grew (llama-server, llama-cli, ...): every build of the shared e2e room names its targets,
+    so the suite compiles only what its tests need, whatever the default is."""
+    import ast
+
+    calls = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "e2e").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("dcaforge", "old_dcaforge")
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "build"):
+                args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                calls.append((path.name, node.lineno, args))
+    assert len(calls) >= 8, calls
+    missing = [(name, line) for name, line, args in calls if "--targets" not in args and "--dry-run" not in args]
+    assert not missing, f"e2e builds without --targets: {missing}"

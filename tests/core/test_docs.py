@@ -27,11 +27,12 @@ def test_relative_links_name_files_that_exist(page: Path) -> None:
     assert not missing, f"{page.relative_to(REPO)} links to files that do not exist: {missing}"
 
 
-def test_readme_opens_with_prerequisites_then_the_two_commands() -> None:
+def test_readme_opens_with_prerequisites_then_the_commands() -> None:
     text = (REPO / "README.md").read_text()
     heads = re.findall(r"(?m)^## (.+)$", text)
-    assert heads[:3] == ["Before you start", "The two commands", "What just happened"], heads
-    block = text[text.index("## The two commands"):text.index("## What just happened")]
+    assert heads[:4] == ["Before you start", "The commands", "What just happened", "Use the result"], heads
+    block = text[text.index("## The commands"):text.index("## What just happened")]
+    assert "python3 -m venv .venv && . .venv/bin/activate" in block and "apt-get install python3-venv" in block
     assert "pip install -e . && dcaforge apply && dcaforge capture && dcaforge verify --fresh-render" in block
     assert "pip install -e '.[test]' && pytest -q" in block
     assert len(text.splitlines()) <= 120

@@ -25,7 +25,7 @@ from dcaforge import REPO_ROOT
 from dcaforge.cli import app
 
 from .conftest import Project
-from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, snapshot
+from .helpers import LLAMA, git_init, make_patch_git, make_patch_gnu, replace_line, sh, snapshot
 
 
 class Shell:
@@ -280,3 +280,37 @@ def test_config_type_errors_quote_key_value_and_type(project: Project, yaml: str
     assert message in r.output, r.output
     nexts = [ln for ln in r.output.splitlines() if ln.strip().startswith("next:")]
     assert len(nexts) == 1 and hint in nexts[0] and "-v" not in nexts[0], r.output
+
+
+def test_the_cosmocc_hint_keeps_a_relative_config_valid(tmp_path: Path, shell: Shell) -> None:
+    """Without cosmocc, build suggests llamafile's own download command, then the same `dcaforge build -c CONFIG`.
+    Pasted one after the other into one shell, with a relative -c: the download runs in a subshell (it used to be
+    `cd ROOM && ...`, after which the relative -c named nothing), so the build that follows finds its config."""
+    src = tmp_path / "llamafile"
+    # a stand-in for llamafile's downloader: makes the cosmocc folder it is given
+    download = "#!/bin/sh\nmkdir -p \"$1/bin\" && : > \"$1/bin/cosmocc\"\n"
+    git_init(src, {"Makefile": "all:\n\t@echo '[1/1] LINK o/llamafile'\n\t@mkdir -p o && echo built > o/llamafile\n",
+                   "build/config.mk": "COSMOCC = .cosmocc/4.0.2\n.cosmocc/4.0.2:\n\tbuild/download-cosmocc.sh $@ 4.0.2 "
+                                      + "ab" * 32 + "\n",
+                   "build/download-cosmocc.sh": (download, 0o755), "llama.cpp/README.md": "vendored\n",
+                   ".gitignore": "/o\n/.cosmocc\n"})
+    work = tmp_path / "work"
+    feat = work / "templates" / "feat"
+    feat.mkdir(parents=True)
+    (feat / "manifest.yaml").write_text("files: []\nedits: []\n")
+    (work / "patches").mkdir()
+    (work / "dcaforge.yaml").write_text(f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
+                                        "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
+                                        "build:\n  backend: llamafile\n  llamafile:\n    make: make\n")
+    assert shell("dcaforge apply -c work/dcaforge.yaml").returncode == 0
+    r = shell("dcaforge build -c work/dcaforge.yaml")
+    assert r.returncode == 1 and "cosmocc is not in the tree" in r.stderr, r.stderr
+    cmds = suggested(r.stderr)
+    room = tmp_path / "ws" / "lf"
+    get = one(cmds, "(cd ")
+    assert get == f"(cd {shlex.quote(str(room))} && build/download-cosmocc.sh .cosmocc/4.0.2 4.0.2 {'ab' * 32})"
+    again = one(cmds, "dcaforge build")
+    assert again == "dcaforge build -c work/dcaforge.yaml"
+    done = shell(f"{get}\n{again}")  # one shell, one line after the other, as pasted
+    assert done.returncode == 0, done.stderr
+    assert (room / "o" / "llamafile").read_text() == "built\n"
