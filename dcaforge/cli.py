@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
-from .commands import apply, build, gate, patch, render, status
+from .commands import apply, build, calibrate, gate, patch, render, status
 from .commands.common import out, run_from, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -43,6 +43,7 @@ app.command()(patch.verify)
 app.command()(status.status)
 app.command()(build.build)
 app.command()(gate.gate)
+app.command()(calibrate.calibrate)
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="dcaforge
 T = TypeVar("T")
 
 #: The commands that take ``-c CONFIG``.
-TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate"})
+TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate",
+                          "calibrate"})
 _SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
 _HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
 _config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run
