@@ -710,21 +710,9 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
             measure(n)
         return seen[n]
 
-    # vt inside the trained window first (plain): a model that scores 0 there cannot do vt, and vt past L is not measured
-    # (nor counted against DCA). The contexts run in order, so one inside L with plain among the methods is that
-    # measurement; else a plain server at L runs vt alone before the rest.
-    jobs = [(ctx, method) for ctx in contexts for method in methods]
-    vt_probe = "vt" in tasks and bool(_opt(g, "vt_probe")) and not any(c <= trained and m == "plain" for c, m in jobs)
-    if vt_probe:
-        jobs.insert(0, (trained, "plain"))
-    vt_inside: float | None = None  # plain's mean vt score inside L, once measured
-    for n_job, (ctx, method) in enumerate(jobs):
-        if "vt" in tasks and ctx > trained and vt_inside is None:
-            inside = [r["score"] for r in records if r["task"] == "vt" and r["ctx"] <= trained and r["method"] == "plain"
-                      and r["score"] is not None]
-            vt_inside = _mean(inside) if inside else -1.0   # -1: no vt prompt fits inside L (vt stays)
-        probe = vt_probe and n_job == 0
-        job_tasks = [t for t in tasks if not (t == "vt" and ctx > trained and vt_inside == 0.0) and (not probe or t == "vt")]
+    jobs = ruler_jobs(contexts, methods, tasks, trained, bool(_opt(g, "vt_probe")))
+    for ctx, method, probe in jobs:
+        job_tasks = ruler_job_tasks(tasks, ctx, trained, probe, vt_inside_score(records, trained))
         if not job_tasks:
             continue
         args = ruler_server_args(model, method, ctx, trained, arch, chunk, local, [str(a) for a in _opt(g, "dca_args")],
@@ -779,8 +767,8 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
         finally:
             srv.stop()
         servers[-1].update(srv.gpu or {})
-    contexts_run = sorted({ctx for ctx, _ in jobs})
-    res = _ruler_result(g, trained, contexts_run, methods, tasks, records, chunk, local)
+    contexts_run = sorted({ctx for ctx, _, _ in jobs})
+    res = ruler_result(g, trained, contexts_run, methods, tasks, records, chunk, local)
     res.metrics["servers"] = servers
     return res
 
@@ -789,11 +777,38 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def ruler_jobs(contexts: Sequence[int], methods: Sequence[str], tasks: Sequence[str], trained: int,
+               vt_probe: bool = True) -> list[tuple[int, str, bool]]:
+    """The ruler gate's servers in order, (context, method, is the vt check): vt inside the trained window comes
+    first (plain): a model that scores 0 there cannot do vt, so vt past L is then not measured (nor counted against
+    DCA). The contexts run in ascending order, so one inside L with plain among the methods is that measurement; else
+    (``vt_probe``) a plain server at L runs vt alone before the rest."""
+    jobs = [(ctx, m, False) for ctx in sorted(contexts) for m in methods]
+    if "vt" in tasks and vt_probe and not any(c <= trained and m == "plain" for c, m, _ in jobs):
+        jobs.insert(0, (trained, "plain", True))
+    return jobs
+
+
+def vt_inside_score(records: Sequence[dict[str, Any]], trained: int) -> float | None:
+    """Plain's mean vt score at contexts <= L in the records so far; None when none was scored there (not run yet,
+    or no vt prompt fits inside L: then vt is measured past L as any task)."""
+    return _mean([r["score"] for r in records if r["task"] == "vt" and r["ctx"] <= trained and r["method"] == "plain"
+                  and r["score"] is not None])
+
+
+def ruler_job_tasks(tasks: Sequence[str], ctx: int, trained: int, probe: bool, vt_inside: float | None) -> list[str]:
+    """The tasks one server of :func:`ruler_jobs` runs: vt alone for the vt check; every task but vt past L when vt
+    scored 0 inside L."""
+    if probe:
+        return ["vt"]
+    return [t for t in tasks if not (t == "vt" and ctx > trained and vt_inside == 0.0)]
+
+
 #: the ruler gate's line for a model that scores 0 at vt inside its trained window
 VT_NOT_MEASURABLE = "vt: not measurable on this model (0 inside its trained window)"
 
 
-def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
+def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
                   records: list[dict[str, Any]], chunk: int, local: int) -> GateResult:
     """The points (a row per task and context that has samples), the thresholds checked per cell past the trained
     length (``score_min``: DCA's score; ``yarn_margin``: DCA's score minus YaRN's), and vt's inside-L check: plain's
@@ -815,9 +830,7 @@ def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: lis
                 row[f"{m}_all"] = _mean([float(r["all"]) for r in scored])
                 row[f"{m}_n"] = len(scored)
             points.append(row)
-    inside_vt = [r["score"] for r in records if r["task"] == "vt" and r["ctx"] <= trained and r["method"] == "plain"
-                 and r["score"] is not None]
-    vt_inside = _mean(inside_vt) if "vt" in tasks else None
+    vt_inside = vt_inside_score(records, trained) if "vt" in tasks else None
     counted = [t for t in tasks if not (t == "vt" and vt_inside == 0.0)]
     errors = [r for r in records if r.get("error") and r["error"] != "does not fit"]
     checks: list[str] = []
