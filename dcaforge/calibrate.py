@@ -603,7 +603,7 @@ class _Runner:
 
     def perplexity(self, method: str, ctx: int, text_file: Path) -> float | None:
         assert self.ppl_exe is not None
-        argv = [str(self.ppl_exe), "-m", str(self.opts.model), "-f", str(text_file), "-c", str(ctx), "-b", "2048",
+        argv = [str(self.ppl_exe), "-m", str(self.opts.model), "-f", str(text_file), "-c", str(ctx), "-b", str(min(ctx, 2048)),
                 *self.opts.server_args, *longctx.method_args(method, ctx, self.info.trained)]
         self.step(f"dev perplexity: {method} at {ctx}")
         value = None
