@@ -523,9 +523,7 @@ class _Runner:
     def __init__(self, opts: Options, info: GgufInfo, work: Path, hooks: Hooks, ppl_exe: Path | None) -> None:
         self.opts, self.info, self.work, self.hooks, self.ppl_exe = opts, info, work, hooks, ppl_exe
         self.logs = work / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        for old in self.logs.glob("*.log"):
-            old.unlink()
+        self.logs.mkdir(parents=True, exist_ok=True)   # a run's logs are numbered; a later run writes over them
         self.trials_path = work / "trials.jsonl"
         self.trials_path.write_text("")
         self.corpora: dict[str, longctx.TokenizedCorpus] = {}
