@@ -561,7 +561,7 @@ class _Runner:
         """``n`` trials of (set, length) through one llama-server running ``method``."""
         L, arch = self.info.trained, self.info.arch
         ctx = longctx.ctx_for(length)
-        args = ["-m", str(self.opts.model), "-c", str(ctx), "-np", "1", "--no-warmup", "--cache-ram", "0", "--no-webui",
+        args = ["-m", str(self.opts.model.resolve()), "-c", str(ctx), "-np", "1", "--no-warmup", "--cache-ram", "0", "--no-webui",
                 *self.opts.server_args, *longctx.method_args(method, ctx, L, arch)]
         self.step(f"{set_name}: {method} at {length} tokens")
         score = longctx.Score()
@@ -601,7 +601,8 @@ class _Runner:
 
     def perplexity(self, method: str, ctx: int, text_file: Path) -> float | None:
         assert self.ppl_exe is not None
-        argv = [str(self.ppl_exe), "-m", str(self.opts.model), "-f", str(text_file), "-c", str(ctx), "-b", str(min(ctx, 2048)),
+        argv = [str(self.ppl_exe.resolve()), "-m", str(self.opts.model.resolve()), "-f", str(text_file.resolve()),
+                "-c", str(ctx), "-b", str(min(ctx, 2048)),
                 *self.opts.server_args, *longctx.method_args(method, ctx, self.info.trained)]
         self.step(f"dev perplexity: {method} at {ctx}")
         value = None

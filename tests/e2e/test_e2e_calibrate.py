@@ -1,7 +1,8 @@
 """`dcaforge calibrate` end to end on the committed trained model (tests/models/longctx-qwen2.gguf: qwen2, byte-level,
 L = 256), through the clean room's llama-server (the `serve_tree` build) as a user runs it: `-c CONFIG` and nothing
 else about the build (the server is the room's, the dev text the room's llama.cpp sources, the held-out text Python's
-documentation), tiny trial counts and two chunk sizes. The copy is written next to the work folder with the pick's
+documentation), tiny trial counts and two chunk sizes; the dev perplexity when the room's build has llama-perplexity.
+The copy is written next to the work folder with the pick's
 sizes, the input is unchanged, and `--dca on` alone on the copy logs that DCA takes "the model's own" sizes from the
 GGUF (llama_dca_resolve in the 0078 C++)."""
 
@@ -28,7 +29,8 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     before = hashlib.sha256(MODEL.read_bytes()).hexdigest()
     out = tmp_path / "longctx.dca.gguf"
     t0 = time.monotonic()
-    p = dcaforge("calibrate", str(MODEL), "-o", str(out), "--chunks", "64,128", "--dev-trials", "2",
+    # the model as a path relative to the working directory (the repository), as a user types it
+    p = dcaforge("calibrate", str(MODEL.relative_to(REPO)), "-o", str(out), "--chunks", "64,128", "--dev-trials", "2",
                  "--heldout-trials", "2", "--server-args", "-t 2 -fa on", "--json")
     seconds = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
@@ -43,6 +45,10 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
         assert rep["dev"][m]["total"]["n"] == 4
     assert set(rep["heldout"]) == {pick, "yarn"} and rep["heldout"]["yarn"]["total"]["n"] == 4
     assert rep["gguf"]["trained"] == 256 and rep["gguf"]["chunk"] is None
+    if serve_tree.bin("llama-perplexity").exists():   # built by the room's other tests (dca_tree): the dev perplexity
+        assert all(v is not None and v > 1 for v in rep["dev_perplexity"].values()), rep["dev_perplexity"]
+    else:
+        assert rep["notes"] and "no llama-perplexity" in rep["notes"][0]
     # every trial recorded, each prompt exactly its length (the needle's depth inside it)
     work = Path(rep["work"])
     trials = [json.loads(line) for line in (work / "trials.jsonl").read_text().splitlines()]
