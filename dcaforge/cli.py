@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
-from .commands import apply, build, gate, patch, render, status, tryout
+from .commands import apply, build, calibrate, gate, patch, render, status, tryout
 from .commands.common import out, run_from, setup_logging
 
 #: plain help (``-c, --config CONFIG``, flags without a type label, at most 80 columns wide); shell
@@ -47,6 +47,7 @@ app.command(short_help="where the clean room stands")(status.status)
 app.command(short_help="build the clean room: llama-server, llama-cli, ...")(build.build)
 app.command(short_help="run the config's acceptance gates on the builds")(gate.gate)
 app.command("try", short_help="serve a GGUF past its trained context with DCA, answer a prompt")(tryout.try_)
+app.command(short_help="measure a model's DCA sizes, write them into a copy of its GGUF")(calibrate.calibrate)
 
 
 def main() -> None:

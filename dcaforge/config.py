@@ -560,7 +560,7 @@ GATE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "ruler": {"tasks": list, "trained": int, "scales": list, "contexts": list, "methods": list, "samples": int,
               "seed": int, "chunk": int, "local": int, "dca_args": list, "extra_args": list, "yarn_factor": float,
               "n_predict": int, "fewshot": bool, "chat": bool, "send": str, "threads": int, "score_min": float,
-              "yarn_margin": float, "load_timeout": float, "request_timeout": float},
+              "yarn_margin": float, "vt_probe": bool, "load_timeout": float, "request_timeout": float},
 }
 
 

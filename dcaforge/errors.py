@@ -91,3 +91,8 @@ class InterruptedRun(DcaforgeError, KeyboardInterrupt):
     (exit code 130). Still a KeyboardInterrupt for a caller that stops on those."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class CalibrateError(DcaforgeError):
+    """``dcaforge calibrate`` refused its input (not a GGUF, truncated, a model DCA cannot serve, no build, an output
+    that exists) or a server it started failed; the input is never changed."""

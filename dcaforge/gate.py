@@ -45,7 +45,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "extension": {"chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "ppl_ratio_max": 1.15,
                   "passkey_trials": 3, "threads": 2, "methods": ["plain", "dca"], "yarn_factor": 0.0},
     "ruler": {"tasks": ["vt", "niah_multikey", "niah_multivalue"], "scales": [1, 4, 8], "methods": ["plain", "yarn", "dca"],
-              "samples": 4, "seed": 42, "chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "yarn_factor": 0.0,
+              "samples": 4, "seed": 42, "vt_probe": True, "chunk": 0, "local": 0, "dca_args": [], "extra_args": [], "yarn_factor": 0.0,
               "n_predict": 0, "fewshot": True, "chat": False, "send": "tokens", "threads": 2,
               "load_timeout": 600.0, "request_timeout": 3600.0},
 }
@@ -63,6 +63,8 @@ class GateResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     points: list[dict[str, Any]] = field(default_factory=list)  # extension: one row per context
     seconds: float = 0.0
+    #: the cells that failed a threshold: gate, task, ctx, method, score, threshold, rule and a line that says it
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -511,32 +513,43 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
         raise GateError(f"gate {g.name!r}: llama-perplexity gave no result at the trained context {trained}",
                         where=str(c.logs), hint="is the text long enough (2 x the context in tokens)?")
     ratio_max = float(_opt(g, "ppl_ratio_max"))
-    checks: list[str] = []
-    ok = True
+    failures: list[dict[str, Any]] = []
+
+    def fail(task: str, ctx: int | None, method: str, score: float | None, threshold: float | None, rule: str,
+             text: str) -> None:
+        failures.append({"gate": g.name, "task": task, "ctx": ctx, "method": method, "score": score,
+                         "threshold": threshold, "rule": rule, "text": f"{g.name}: {text}"})
+
     longer = [p for p in points if p["ctx"] > trained]
     for p in longer:
         v = p["ppl_dca"]
         if v is None or v > ratio_max * base:
-            ok = False
-            checks.append(f"DCA ppl at {p['ctx']} = {v} > {ratio_max:g} x {base:.4g}")
+            fail("perplexity", p["ctx"], "dca", v, ratio_max * base, "ppl_ratio_max",
+                 f"perplexity at {p['ctx']} tokens: DCA {'no result' if v is None else f'{v:.4g}'} > ppl_ratio_max {ratio_max:g} "
+                 f"x {base:.4g} (plain at {trained})")
     plain_min = g.options.get("plain_ratio_min")
     if plain_min is not None and longer:
         v = longer[-1]["ppl_plain"]
         if v is not None and v < float(plain_min) * base:
-            ok = False
-            checks.append(f"plain ppl at {longer[-1]['ctx']} = {v:.4g} < {float(plain_min):g} x {base:.4g} (the test is not hard enough)")
+            fail("perplexity", longer[-1]["ctx"], "plain", v, float(plain_min) * base, "plain_ratio_min",
+                 f"perplexity at {longer[-1]['ctx']} tokens: plain {v:.4g} < plain_ratio_min {float(plain_min):g} x "
+                 f"{base:.4g} (the test is not hard enough)")
     pk_min = g.options.get("passkey_min")
     acc = None
     if trials > 0 and longer:
         accs = [p["passkey_dca"] for p in longer if p["passkey_dca"] is not None]
         acc = sum(accs) / len(accs) if accs else None
-    if acc is not None:
-        if pk_min is not None and acc < float(pk_min):
-            ok = False
-            checks.append(f"DCA passkey accuracy past {trained} = {acc:.2f} < {float(pk_min):g}")
-    elif pk_min is not None:
-        ok = False
-        checks.append("no passkey measurement past the trained context (passkey_trials 0, or the prompt does not fit)")
+    if pk_min is not None:
+        if acc is None:
+            fail("passkey", None, "dca", None, float(pk_min), "passkey_min",
+                 "passkey: no measurement past the trained context (passkey_trials 0, or the prompt does not fit)")
+        for p in longer:
+            v = p.get("passkey_dca")
+            if v is not None and v < float(pk_min):
+                fail("passkey", p["ctx"], "dca", v, float(pk_min), "passkey_min",
+                     f"passkey at {p['ctx']} tokens: DCA {v:.2f} < passkey_min {float(pk_min):g}")
+    ok = not failures
+    checks = [f["text"].split(": ", 1)[1] for f in failures]
     worst = max((p["ppl_dca"] or math.inf) for p in longer) if longer else None
     summary = (f"trained {trained}: plain ppl {base:.4g}; DCA worst {worst:.4g} up to {contexts[-1]}"
                if worst is not None else f"trained {trained}: plain ppl {base:.4g}")
@@ -547,7 +560,7 @@ def gate_extension(c: _Ctx, g: GateConfig) -> GateResult:
     metrics = {"model": _model_label(g), "methods": methods, "trained": trained, "ppl_trained": base,
                "ppl_ratio_max": ratio_max, "plain_ratio_min": plain_min,
                "passkey_min": pk_min, "passkey_dca_past_trained": acc}
-    return GateResult(g.name, g.kind, ok, summary, metrics, points)
+    return GateResult(g.name, g.kind, ok, summary, metrics, points, failures=failures)
 
 
 # --- methods shared by extension and ruler ----------------------------------------------------
@@ -697,61 +710,65 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
             measure(n)
         return seen[n]
 
-    for ctx in contexts:
-        for method in methods:
-            args = ruler_server_args(model, method, ctx, trained, arch, chunk, local, [str(a) for a in _opt(g, "dca_args")],
-                                     extra, threads=threads, yarn_factor=float(_opt(g, "yarn_factor")))
-            step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}")
-            server_error: str | None = None
-            t_server = time.monotonic()
-            srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
-                              request_timeout=float(_opt(g, "request_timeout")))
-            servers.append({"ctx": ctx, "method": method})
-            try:
-                srv.start()
-                servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
-            except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
-                server_error = f"llama-server did not start: {exc.message}"
-                step(f"  {server_error}")
-            try:
-                for task in tasks:
-                    npred = n_predict or ruler.N_PREDICT[task]
-                    for i in range(samples):
-                        rec: dict[str, Any] = {"task": task, "ctx": ctx, "method": method, "index": i, "score": None}
-                        records.append(rec)
-                        if server_error is not None:
-                            rec["error"] = server_error
+    jobs = ruler_jobs(contexts, methods, tasks, trained, bool(_opt(g, "vt_probe")))
+    for ctx, method, probe in jobs:
+        job_tasks = ruler_job_tasks(tasks, ctx, trained, probe, vt_inside_score(records, trained))
+        if not job_tasks:
+            continue
+        args = ruler_server_args(model, method, ctx, trained, arch, chunk, local, [str(a) for a in _opt(g, "dca_args")],
+                                 extra, threads=threads, yarn_factor=float(_opt(g, "yarn_factor")))
+        step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}" + (" (vt inside the trained window)" if probe else ""))
+        server_error: str | None = None
+        t_server = time.monotonic()
+        srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(_opt(g, "load_timeout")),
+                          request_timeout=float(_opt(g, "request_timeout")))
+        servers.append({"ctx": ctx, "method": method})
+        try:
+            srv.start()
+            servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
+        except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
+            server_error = f"llama-server did not start: {exc.message}"
+            step(f"  {server_error}")
+        try:
+            for task in job_tasks:
+                npred = n_predict or ruler.N_PREDICT[task]
+                for i in range(samples):
+                    rec: dict[str, Any] = {"task": task, "ctx": ctx, "method": method, "index": i, "score": None}
+                    records.append(rec)
+                    if server_error is not None:
+                        rec["error"] = server_error
+                        continue
+                    try:
+                        key = (task, ctx, i)
+                        if key not in prompts:
+                            t_fit = time.monotonic()
+                            prompts[key] = build(srv, task, ctx, i, ctx - npred)
+                            rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
+                        built = prompts[key]
+                        if built is None:
+                            rec["error"] = "does not fit"
                             continue
-                        try:
-                            key = (task, ctx, i)
-                            if key not in prompts:
-                                t_fit = time.monotonic()
-                                prompts[key] = build(srv, task, ctx, i, ctx - npred)
-                                rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
-                            built = prompts[key]
-                            if built is None:
-                                rec["error"] = "does not fit"
-                                continue
-                            sample, text, toks = built
-                            rec.update(ruler_prompt_fields(sample, text, toks))
-                            t0 = time.monotonic()
-                            reply = srv.completion(toks if send == "tokens" else text, npred)
-                            answer = str(reply.get("content", ""))
-                            tm = reply.get("timings") or {}
-                            rec.update({**ruler_answer_fields(sample, answer), "seconds": round(time.monotonic() - t0, 3),
-                                        "tokens_evaluated": reply.get("tokens_evaluated"),
-                                        "prompt_per_second": tm.get("prompt_per_second"),
-                                        "predicted_per_second": tm.get("predicted_per_second")})
-                            step(f"  {task} #{i}: {len(toks)} tokens, score {rec['score']:.2f}")
-                        except HttpError as exc:
-                            rec["error"] = str(exc)[:300]
-                        except GateError as exc:  # the server died: the rest of this server's samples too
-                            server_error = exc.message
-                            rec["error"] = exc.message
-            finally:
-                srv.stop()
-            servers[-1].update(srv.gpu or {})
-    res = _ruler_result(g, trained, contexts, methods, tasks, records, chunk, local)
+                        sample, text, toks = built
+                        rec.update(ruler_prompt_fields(sample, text, toks))
+                        t0 = time.monotonic()
+                        reply = srv.completion(toks if send == "tokens" else text, npred)
+                        answer = str(reply.get("content", ""))
+                        tm = reply.get("timings") or {}
+                        rec.update({**ruler_answer_fields(sample, answer), "seconds": round(time.monotonic() - t0, 3),
+                                    "tokens_evaluated": reply.get("tokens_evaluated"),
+                                    "prompt_per_second": tm.get("prompt_per_second"),
+                                    "predicted_per_second": tm.get("predicted_per_second")})
+                        step(f"  {task} #{i}: {len(toks)} tokens, score {rec['score']:.2f}")
+                    except HttpError as exc:
+                        rec["error"] = str(exc)[:300]
+                    except GateError as exc:  # the server died: the rest of this server's samples too
+                        server_error = exc.message
+                        rec["error"] = exc.message
+        finally:
+            srv.stop()
+        servers[-1].update(srv.gpu or {})
+    contexts_run = sorted({ctx for ctx, _, _ in jobs})
+    res = ruler_result(g, trained, contexts_run, methods, tasks, records, chunk, local)
     res.metrics["servers"] = servers
     return res
 
@@ -760,24 +777,64 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
+def ruler_jobs(contexts: Sequence[int], methods: Sequence[str], tasks: Sequence[str], trained: int,
+               vt_probe: bool = True) -> list[tuple[int, str, bool]]:
+    """The ruler gate's servers in order, (context, method, is the vt check): vt inside the trained window comes
+    first (plain): a model that scores 0 there cannot do vt, so vt past L is then not measured (nor counted against
+    DCA). The contexts run in ascending order, so one inside L with plain among the methods is that measurement; else
+    (``vt_probe``) a plain server at L runs vt alone before the rest."""
+    jobs = [(ctx, m, False) for ctx in sorted(contexts) for m in methods]
+    if "vt" in tasks and vt_probe and not any(c <= trained and m == "plain" for c, m, _ in jobs):
+        jobs.insert(0, (trained, "plain", True))
+    return jobs
+
+
+def vt_inside_score(records: Sequence[dict[str, Any]], trained: int) -> float | None:
+    """Plain's mean vt score at contexts <= L in the records so far; None when none was scored there (not run yet,
+    or no vt prompt fits inside L: then vt is measured past L as any task)."""
+    return _mean([r["score"] for r in records if r["task"] == "vt" and r["ctx"] <= trained and r["method"] == "plain"
+                  and r["score"] is not None])
+
+
+def ruler_job_tasks(tasks: Sequence[str], ctx: int, trained: int, probe: bool, vt_inside: float | None) -> list[str]:
+    """The tasks one server of :func:`ruler_jobs` runs: vt alone for the vt check; every task but vt past L when vt
+    scored 0 inside L."""
+    if probe:
+        return ["vt"]
+    return [t for t in tasks if not (t == "vt" and ctx > trained and vt_inside == 0.0)]
+
+
+#: the ruler gate's line for a model that scores 0 at vt inside its trained window
+VT_NOT_MEASURABLE = "vt: not measurable on this model (0 inside its trained window)"
+
+
+def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
                   records: list[dict[str, Any]], chunk: int, local: int) -> GateResult:
+    """The points (a row per task and context that has samples), the thresholds checked per cell past the trained
+    length (``score_min``: DCA's score; ``yarn_margin``: DCA's score minus YaRN's), and vt's inside-L check: plain's
+    vt score at contexts <= L; 0 there makes vt "not measurable" and leaves it out of the thresholds."""
+    if any(r["method"] == "plain" for r in records) and "plain" not in methods:
+        methods = ["plain", *methods]   # the vt check inside L ran plain
     points: list[dict[str, Any]] = []
     for task in tasks:
         for ctx in contexts:
+            rows = [r for r in records if r["task"] == task and r["ctx"] == ctx]
+            if not rows:
+                continue   # not run: vt past L on a model that cannot do vt, or the other tasks at the vt check's L
             row: dict[str, Any] = {"task": task, "ctx": ctx}
-            toks = [r["prompt_tokens"] for r in records if r["task"] == task and r["ctx"] == ctx and r.get("prompt_tokens")]
+            toks = [r["prompt_tokens"] for r in rows if r.get("prompt_tokens")]
             row["tokens"] = round(sum(toks) / len(toks)) if toks else None
             for m in methods:
-                rs = [r for r in records if r["task"] == task and r["ctx"] == ctx and r["method"] == m]
-                scored = [r for r in rs if r["score"] is not None]
+                scored = [r for r in rows if r["method"] == m and r["score"] is not None]
                 row[m] = _mean([r["score"] for r in scored])
                 row[f"{m}_all"] = _mean([float(r["all"]) for r in scored])
                 row[f"{m}_n"] = len(scored)
             points.append(row)
+    vt_inside = vt_inside_score(records, trained) if "vt" in tasks else None
+    counted = [t for t in tasks if not (t == "vt" and vt_inside == 0.0)]
     errors = [r for r in records if r.get("error") and r["error"] != "does not fit"]
     checks: list[str] = []
-    ok = not errors
+    failures: list[dict[str, Any]] = []
     if errors:
         checks.append(f"{len(errors)} request(s) failed, e.g. {errors[0]['method']} at {errors[0]['ctx']}: {errors[0]['error'][:120]}")
     past: dict[str, dict[str, float | None]] = {}
@@ -785,32 +842,43 @@ def _ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: lis
         past[task] = {m: _mean([p[m] for p in points if p["task"] == task and p["ctx"] > trained and p[m] is not None])
                       for m in methods}
     score_min, margin = g.options.get("score_min"), g.options.get("yarn_margin")
-    for task, by in past.items():
-        d = by.get("dca")
-        if score_min is not None:
+
+    def fail(task: str, ctx: int | None, score: float | None, threshold: float | None, rule: str, text: str) -> None:
+        failures.append({"gate": g.name, "task": task, "ctx": ctx, "method": "dca", "score": score,
+                         "threshold": threshold, "rule": rule, "text": f"{g.name}: {text}"})
+
+    for task in counted:
+        cells = [p for p in points if p["task"] == task and p["ctx"] > trained]
+        if score_min is not None and not any(p.get("dca") is not None for p in cells):
+            fail(task, None, None, float(score_min), "score_min", f"{task}: no DCA score past {trained}")
+        for p in cells:
+            d, y = p.get("dca"), p.get("yarn")
             if d is None:
-                ok = False
-                checks.append(f"{task}: no DCA score past {trained}")
-            elif d < float(score_min):
-                ok = False
-                checks.append(f"{task}: DCA {d:.2f} < {float(score_min):g} past {trained}")
-        y = by.get("yarn")
-        if margin is not None and d is not None and y is not None and d < y + float(margin):
-            ok = False
-            checks.append(f"{task}: DCA {d:.2f} < YaRN {y:.2f} + {float(margin):g} past {trained}")
+                continue
+            if score_min is not None and d < float(score_min):
+                fail(task, p["ctx"], d, float(score_min), "score_min",
+                     f"{task} at {p['ctx']} tokens: DCA {d:.2f} < score_min {float(score_min):g}")
+            if margin is not None and y is not None and d < y + float(margin):
+                fail(task, p["ctx"], d, y + float(margin), "yarn_margin",
+                     f"{task} at {p['ctx']} tokens: DCA {d:.2f} < YaRN {y:.2f} + yarn_margin {float(margin):g}")
+    ok = not errors and not failures
     parts = []
     for task, by in past.items():
+        if task == "vt" and vt_inside == 0.0:
+            parts.append(VT_NOT_MEASURABLE)
+            continue
         parts.append(f"{task} " + " / ".join(f"{m} {'-' if v is None else f'{v:.2f}'}" for m, v in by.items()))
     summary = f"past {trained} (mean score): " + "; ".join(parts)
     if score_min is None and margin is None:
         summary += " (no thresholds set: measured only)"
+    checks += [f["text"].split(": ", 1)[1] for f in failures]
     if checks:
         summary += "; " + "; ".join(checks)
     metrics = {"model": _model_label(g), "trained": trained, "methods": methods, "tasks": tasks, "contexts": contexts,
                "chunk": chunk, "local": local, "dca_args": [str(a) for a in _opt(g, "dca_args")], "past_trained": past,
-               "score_min": score_min, "yarn_margin": margin,
-               "samples": records}
-    return GateResult(g.name, g.kind, ok, summary, metrics, points)
+               "score_min": score_min, "yarn_margin": margin, "vt_inside": vt_inside,
+               "vt_measurable": None if vt_inside is None else vt_inside > 0.0, "samples": records}
+    return GateResult(g.name, g.kind, ok, summary, metrics, points, failures=failures)
 
 
 RUNNERS: dict[str, Callable[[_Ctx, GateConfig], GateResult]] = {

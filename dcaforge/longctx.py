@@ -16,15 +16,21 @@ in paragraphs (:class:`TokenizedCorpus`), the haystack is a slice of those token
 
 Scoring is strict: the trial passes when the first number of the greedy answer is the key (a near miss, one digit
 off, fails). :func:`wilson` gives the 95% interval of a score k/n.
+
+What the bench (bench/longctx/run.py) and ``dcaforge calibrate`` (dcaforge/calibrate.py) share lives here too: the
+methods and their llama.cpp flags (:func:`method_args`), the selection rule (:func:`choose`) and the two texts
+(:func:`dev_text`, :func:`heldout_text`). Standard library only: the bench runs where only python3 and PyYAML are.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+import sysconfig
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,3 +220,129 @@ def load_text(path: Path, sha256: str | None = None) -> str:
         raise ValueError(f"{path}: sha256 {sha256_text(text)[:16]}... is not the set's {sha256[:16]}... "
                          "(rebuild it with bench/longctx/corpus.py)")
     return text
+
+
+# --- methods: what a trial's server runs ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Method:
+    """A method as the bench and calibrate name it: ``plain``; ``yarn`` (factor = context / trained); ``dca`` (``--dca
+    on`` and nothing else: the build's or the GGUF's own sizes); ``dca:S:W`` (chunk S, local window W, temperature
+    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``, e.g. ``auto``)."""
+
+    name: str
+    kind: str          # plain | yarn | dca
+    chunk: int = 0     # 0: the build's choice (``dca``)
+    local: int = 0
+    factor: str = "0"
+
+
+def parse_method(method: str) -> Method:
+    if method in ("plain", "yarn", "dca"):
+        return Method(method, method)
+    parts = method.split(":")
+    if parts[0] != "dca" or len(parts) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in parts[1:3]):
+        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F)")
+    return Method(method, "dca", int(parts[1]), int(parts[2]), parts[3] if len(parts) == 4 else "0")
+
+
+def dca_method(chunk: int, local: int) -> str:
+    """The name of DCA at chunk ``chunk`` and local window ``local``, temperature off."""
+    return f"dca:{chunk}:{local}"
+
+
+def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str]:
+    """llama.cpp's flags of a method at context ``ctx`` for a model trained at ``trained`` tokens. llama-server caps a
+    slot at the trained length: past it, plain and YaRN are told the length is ``ctx`` (``--override-kv
+    <arch>.context_length``, when ``arch`` is given); DCA reads its L from the GGUF as written, so the override would
+    not move its sizes, and ``--dca on`` lifts the cap itself."""
+    m = parse_method(method)
+    over = ["--override-kv", f"{arch}.context_length=int:{ctx}"] if arch and ctx > trained else []
+    if m.kind == "plain":
+        return over
+    if m.kind == "yarn":
+        f = max(1.0, ctx / trained)
+        return ["--rope-scaling", "yarn", "--rope-scale", f"{f:.4g}", "--yarn-orig-ctx", str(trained), *over]
+    if not m.chunk:
+        return ["--dca", "on"]
+    return ["--dca", "on", "--dca-chunk-size", str(m.chunk), "--dca-local-size", str(m.local), "--dca-yarn-factor", m.factor]
+
+
+def ctx_for(length: int) -> int:
+    """The server context of a prompt of ``length`` tokens: room for the answer, rounded up to 256."""
+    return int(math.ceil((length + N_PREDICT + 8) / 256) * 256)
+
+
+# --- the selection rule -----------------------------------------------------------------------------------------------
+
+#: the bench's slack (sets.yaml's protocol, written down before any run): 2 answers, 10% of a 20-trial cell
+SLACK = 2
+
+
+@dataclass(frozen=True)
+class Choice:
+    pick: str
+    why: str                      # every method's k/n (and mean perplexity), in the order given
+    near: tuple[str, ...]         # the methods within ``slack`` answers of the best, the pick among them
+    slack: int
+    scores: dict[str, Score]
+    ppl: dict[str, float | None]  # the mean dev perplexity, None when not measured
+
+
+def choose(scores: Mapping[str, Score], ppl: Mapping[str, Sequence[float]], methods: Sequence[str],
+           slack: int = SLACK) -> Choice:
+    """The dev set's choice among ``methods``: the most exact answers (``scores``: over every dev cell); among those
+    within ``slack`` of the best, the lowest mean dev perplexity (a method without one counts as infinite); then the
+    larger chunk S. A method without trials is never chosen; ValueError when none has any."""
+    sc = {m: scores.get(m, Score()) for m in methods}
+    if not any(s.n for s in sc.values()):
+        raise ValueError(f"choose: no trials of {', '.join(methods)}")
+    mean = {m: (sum(ppl[m]) / len(ppl[m]) if ppl.get(m) else None) for m in methods}
+    best = max(s.k for s in sc.values() if s.n)
+    near = [m for m in methods if sc[m].n and sc[m].k >= best - slack]
+
+    def key(m: str) -> tuple[float, int]:
+        v = mean[m]
+        return (v if v is not None else float("inf"), -parse_method(m).chunk)
+
+    pick = min(near, key=key)
+    why = ", ".join(f"{m} {sc[m].k}/{sc[m].n}" + (f" ppl {mean[m]:.4f}" if mean[m] is not None else "") for m in methods)
+    return Choice(pick, why, tuple(near), slack, sc, mean)
+
+
+# --- the two texts ------------------------------------------------------------------------------------------------------
+
+def dev_text(tree: Path) -> str:
+    """The dev text: C++ and C source of a llama.cpp tree (``src/*.cpp`` but the feature's own ``llama-dca*.cpp``,
+    which change with the templates, then ``ggml/src/*.c``, sorted by name), joined by blank lines. ValueError when
+    the tree has none."""
+    files = [f for f in sorted((tree / "src").glob("*.cpp")) if not f.name.startswith("llama-dca")]
+    files += sorted((tree / "ggml" / "src").glob("*.c"))
+    if not files:
+        raise ValueError(f"{tree}: no src/*.cpp (not a llama.cpp tree)")
+    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+
+
+def heldout_text() -> str:
+    """The held-out text: English prose, this Python's own documentation: ``pydoc_data.topics`` (the language
+    reference, as ``help()`` shows it), then every module, class and function docstring over 200 characters of the
+    standard library's pure-Python modules (``Lib/*.py``, ``Lib/*/__init__.py``, sorted), each once. The bench pins
+    Python 3.11's (bench/longctx/corpus.py checks the version); another Python gives another text."""
+    import pydoc_data.topics as topics
+
+    parts = [topics.topics[k] for k in sorted(topics.topics)]
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    seen: set[str] = set()
+    mods = sorted(p for p in lib.glob("*.py")) + sorted(lib.glob("*/__init__.py"))
+    for f in mods:
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 200 and doc not in seen:
+                    seen.add(doc)
+                    parts.append(doc)
+    return "\n\n".join(parts)

@@ -199,3 +199,79 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None = None, dpi: int = 72) -> Path | None:
+    """``dcaforge calibrate``'s figure (``sweep.png``): left, the dev sweep: exact answers (with Wilson 95% intervals)
+    against the chunk size S, one line per dev length and one for all of them, the pick ringed; middle, the dev
+    perplexity per S when measured; right, the held-out check: the pick and YaRN per held-out length. ``rep`` is a
+    dcaforge.calibrate.Report. None (``on_step`` told why) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        if on_step:
+            on_step(MISSING.replace("gates.png", path.name))
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def chunk(m: str) -> int:
+        return int(m.split(":")[1])
+
+    def frac(s: Any) -> tuple[float, float, float]:
+        lo, hi = s.interval
+        p = s.k / s.n if s.n else 0.0
+        return p, p - lo, hi - p
+
+    cands = sorted(rep.dev, key=chunk)
+    xs = [chunk(m) for m in cands]
+    has_ppl = any(v is not None for v in rep.ppl.values())
+    fig, axes = plt.subplots(1, 3 if has_ppl else 2, figsize=(10.5 if has_ppl else 7.5, 3.2), squeeze=False)
+    ax = axes[0][0]
+    lengths = sorted({n for by in rep.dev.values() for n in by})
+    for i, n in enumerate(lengths):
+        vals = [frac(rep.dev[m][n]) for m in cands]
+        ax.errorbar(xs, [v[0] for v in vals], yerr=[[v[1] for v in vals], [v[2] for v in vals]], marker="o", ms=4,
+                    capsize=2, lw=1, color=EXTRA_COLORS[i % len(EXTRA_COLORS)], label=f"{n} tokens ({n / rep.plan.trained:.1f}x L)")
+    tot = [frac(rep.total(rep.dev[m])) for m in cands]
+    ax.errorbar(xs, [v[0] for v in tot], yerr=[[v[1] for v in tot], [v[2] for v in tot]], marker="s", ms=5, capsize=3,
+                lw=1.8, color=STYLE["dca"][1], label="all dev trials")
+    pick_x = chunk(rep.choice.pick)
+    ax.scatter([pick_x], [frac(rep.total(rep.dev[rep.choice.pick]))[0]], s=160, facecolors="none", edgecolors="black",
+               zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [_ctx_label(x) for x in xs])
+    ax.minorticks_off()
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("chunk size S (w = S/8)", fontsize=7)
+    ax.set_title(f"dev: exact answers (L = {rep.plan.trained})", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="best")
+    if has_ppl:
+        ax = axes[0][1]
+        pts = [(chunk(m), rep.ppl[m]) for m in cands if rep.ppl[m] is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", color=STYLE["dca"][1], lw=1.4)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [_ctx_label(x) for x in xs])
+        ax.minorticks_off()
+        ax.set_xlabel("chunk size S", fontsize=7)
+        ax.set_title(f"dev perplexity at {rep.plan.ppl_ctx} tokens", fontsize=8)
+        ax.tick_params(labelsize=7)
+    ax = axes[0][-1]
+    held = sorted({n for by in rep.heldout.values() for n in by})
+    for j, (m, label, color) in enumerate(((rep.choice.pick, f"DCA S {rep.chunk}, w {rep.local}", STYLE["dca"][1]),
+                                           ("yarn", "YaRN", STYLE["yarn"][1]))):
+        vals = [frac(rep.heldout[m][n]) for n in held]
+        pos = [i + (j - 0.5) * 0.3 for i in range(len(held))]
+        ax.bar(pos, [v[0] for v in vals], width=0.3, color=color, label=label,
+               yerr=[[v[1] for v in vals], [v[2] for v in vals]], capsize=2, error_kw={"lw": 0.8})
+    ax.set_xticks(range(len(held)), [f"{_ctx_label(n)}\n({n / rep.plan.trained:.1f}x L)" for n in held])
+    ax.set_ylim(0, 1.05)
+    ax.set_title("held-out: exact answers", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="best")
+    fig.suptitle(f"dcaforge calibrate {rep.model.name}: Wilson 95% intervals", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

@@ -6,6 +6,9 @@
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once.
 
+The builders are dcaforge.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
+script adds the Python 3.11 check and writes the files.
+
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx
         writes build/longctx/dev.txt and heldout.txt and prints their sha256, which sets.yaml pins: a text that
         differs (another llama.cpp, another Python) is refused by the runner.
@@ -14,43 +17,26 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import sys
-import sysconfig
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dcaforge import longctx  # noqa: E402
 
 
 def dev_text(tree: Path) -> str:
-    # upstream's files only: the feature's own (src/llama-dca*.cpp) change with the templates
-    files = [f for f in sorted((tree / "src").glob("*.cpp")) if not f.name.startswith("llama-dca")]
-    files += sorted((tree / "ggml" / "src").glob("*.c"))
-    if not files:
-        raise SystemExit(f"{tree}: no src/*.cpp (give a llama.cpp tree with --tree)")
-    return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    try:
+        return longctx.dev_text(tree)
+    except ValueError as exc:
+        raise SystemExit(f"{exc} (give a llama.cpp tree with --tree)") from None
 
 
 def heldout_text() -> str:
     if sys.version_info[:2] != (3, 11):
         raise SystemExit(f"the held-out text is Python 3.11's documentation; this is {sys.version.split()[0]}")
-    import pydoc_data.topics as topics
-
-    parts = [topics.topics[k] for k in sorted(topics.topics)]
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    seen: set[str] = set()
-    mods = sorted(p for p in lib.glob("*.py")) + sorted(lib.glob("*/__init__.py"))
-    for f in mods:
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 200 and doc not in seen:
-                    seen.add(doc)
-                    parts.append(doc)
-    return "\n\n".join(parts)
+    return longctx.heldout_text()
 
 
 def main() -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
 import subprocess
 import sys
@@ -47,25 +46,15 @@ _lock = threading.Lock()
 
 
 def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str]:
-    # llama-server caps a slot at the trained length: past it, plain and YaRN are told the length is ctx (DCA reads
-    # its L from the GGUF as written, so the override does not move its sizes)
-    over = ["--override-kv", f"{arch}.context_length=int:{ctx}"] if arch and ctx > trained else []
-    if method == "plain":
-        return over
-    if method == "yarn":
-        f = max(1.0, ctx / trained)
-        return ["--rope-scaling", "yarn", "--rope-scale", f"{f:.4g}", "--yarn-orig-ctx", str(trained), *over]
-    parts = method.split(":")
-    if parts[0] != "dca" or len(parts) not in (1, 3, 4):
-        raise SystemExit(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F)")
-    if len(parts) == 1:
-        return ["--dca", "on"]
-    f = parts[3] if len(parts) == 4 else "0"
-    return ["--dca", "on", "--dca-chunk-size", parts[1], "--dca-local-size", parts[2], "--dca-yarn-factor", f]
+    """dcaforge.longctx.method_args (the flags of a method, shared with ``dcaforge calibrate``); an unknown method
+    stops the run."""
+    try:
+        return longctx.method_args(method, ctx, trained, arch)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
-def ctx_for(length: int) -> int:
-    return int(math.ceil((length + longctx.N_PREDICT + 8) / 256) * 256)
+ctx_for = longctx.ctx_for
 
 
 def done_keys(path: Path) -> set[tuple[str, ...]]:
@@ -198,33 +187,24 @@ def cmd_ppl(a: argparse.Namespace) -> int:
 
 
 def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> tuple[str, str]:
-    """(the chosen method, why): see the module's ``choose``."""
-    k = {m: 0 for m in methods}
-    n = {m: 0 for m in methods}
+    """(the chosen method, why): dcaforge.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the set's
+    passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2."""
+    scores = {m: longctx.Score() for m in methods}
     ppl: dict[str, list[float]] = {m: [] for m in methods}
     for d in dirs:
         for line in ((d / "passkey.jsonl").read_text().splitlines() if (d / "passkey.jsonl").exists() else []):
             r = json.loads(line)
-            if r["set"] == set_name and r["model"] == model and r["method"] in k and r["length"] != "inside":
-                k[r["method"]] += int(r["ok"])
-                n[r["method"]] += 1
+            if r["set"] == set_name and r["model"] == model and r["method"] in scores and r["length"] != "inside":
+                scores[r["method"]].add(bool(r["ok"]))
         for line in ((d / "ppl.jsonl").read_text().splitlines() if (d / "ppl.jsonl").exists() else []):
             r = json.loads(line)
             if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
                 ppl[r["method"]].append(float(r["ppl"]))
-    if not any(n.values()):
-        raise SystemExit(f"choose: no {set_name} trials of {model} for {methods}")
-    best = max(k.values())
-    near = [m for m in methods if n[m] and k[m] >= best - 2]
-
-    def key(m: str) -> tuple[float, int]:
-        mean = sum(ppl[m]) / len(ppl[m]) if ppl[m] else float("inf")
-        size = int(m.split(":")[1]) if m.count(":") >= 2 else 0
-        return (mean, -size)
-
-    pick = min(near, key=key)
-    why = ", ".join(f"{m} {k[m]}/{n[m]}" + (f" ppl {sum(ppl[m]) / len(ppl[m]):.4f}" if ppl[m] else "") for m in methods)
-    return pick, why
+    try:
+        c = longctx.choose(scores, ppl, methods, slack=longctx.SLACK)
+    except ValueError:
+        raise SystemExit(f"choose: no {set_name} trials of {model} for {methods}") from None
+    return c.pick, c.why
 
 
 def report(dirs: list[Path]) -> str:

@@ -40,7 +40,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as one J
 T = TypeVar("T")
 
 #: The commands that take ``-c CONFIG``.
-TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate", "try"})
+TAKES_CONFIG = frozenset({"apply", "render", "drift", "capture", "templatize", "verify", "status", "build", "gate", "try",
+                          "calibrate"})
 _SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
 _HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
 _config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run

@@ -47,5 +47,8 @@ def gate(
         if rep.plot_path:
             out.print(f"plot:    {rep.plot_path}")
     if not rep.passed:
+        for r in rep.results:
+            for f in r.failures:   # each failing cell: gate, task, context, method, score against its threshold
+                err.print(f"failed: {f['text']}", style="red")
         err.print(f"gate failed: {', '.join(r.name for r in rep.results if not r.passed)}", style="red")
         raise typer.Exit(1)

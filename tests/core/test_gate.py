@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dcaforge.cli import app
-from dcaforge.config import parse_config
+from dcaforge.config import GateConfig, parse_config
 from dcaforge.errors import GateError
 from dcaforge.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, points_table, run_gates
 
@@ -133,7 +133,7 @@ def test_gate_errors_name_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_gate_json_shape(tmp_path: Path) -> None:
-    """The JSON the CLI writes: passed, gates (name, kind, passed, summary, metrics, points, seconds), plot."""
+    """The JSON the CLI writes: passed, gates (name, kind, passed, summary, metrics, points, seconds, failures), plot."""
     from dcaforge.gate import GateReport
 
     rep = GateReport([GateResult("a", "off-identity", False, "logits differ", {"fa_on": {"identical": False}})],
@@ -141,7 +141,7 @@ def test_gate_json_shape(tmp_path: Path) -> None:
     d = json.loads(json.dumps(rep.to_dict()))
     assert d["passed"] is False and d["plot"] is None
     assert d["gates"][0] == {"name": "a", "kind": "off-identity", "passed": False, "summary": "logits differ",
-                             "metrics": {"fa_on": {"identical": False}}, "points": [], "seconds": 0.0}
+                             "metrics": {"fa_on": {"identical": False}}, "points": [], "seconds": 0.0, "failures": []}
 
 
 def test_method_flags() -> None:
@@ -282,3 +282,101 @@ def test_perplexity_from_a_logits_file_and_its_malformed_forms(tmp_path: Path) -
     f.write_bytes(b"_notlog_" + blob[8:])
     assert perplexity_from_logits(f) is None
     assert perplexity_from_logits(tmp_path / "missing.bin") is None
+
+
+# --- the gate decides: thresholds per cell, vt inside L first ----------------------------------------------------------
+
+def _ruler_gate(**options: object) -> GateConfig:
+    return GateConfig("rul", "ruler", "dcaforge.yaml:9", model=Path("m.gguf"), options=options)
+
+
+def _records(scores: dict[tuple[str, int, str], list[float | None]]) -> list[dict]:
+    """Sample records as measure_ruler writes them: (task, ctx, method) -> the samples' scores (None: does not fit)."""
+    out = []
+    for (task, ctx, method), vals in scores.items():
+        for i, v in enumerate(vals):
+            rec = {"task": task, "ctx": ctx, "method": method, "index": i, "score": v}
+            if v is None:
+                rec["error"] = "does not fit"
+            else:
+                rec.update(prompt_tokens=ctx - 40, all=v == 1.0)
+            out.append(rec)
+    return out
+
+
+def test_ruler_thresholds_fail_per_cell_and_name_it() -> None:
+    from dcaforge.gate import ruler_result
+
+    recs = _records({("niah_multikey", 256, "plain"): [1.0, 1.0], ("niah_multikey", 256, "yarn"): [1.0, 1.0],
+                     ("niah_multikey", 256, "dca"): [1.0, 1.0],
+                     ("niah_multikey", 1024, "plain"): [0.0, 0.0], ("niah_multikey", 1024, "yarn"): [0.5, 0.5],
+                     ("niah_multikey", 1024, "dca"): [1.0, 1.0],
+                     ("niah_multikey", 2048, "plain"): [0.0, 0.0], ("niah_multikey", 2048, "yarn"): [0.5, 1.0],
+                     ("niah_multikey", 2048, "dca"): [0.5, 0.0]})
+    args = (256, [256, 1024, 2048], ["plain", "yarn", "dca"], ["niah_multikey"], recs, 128, 32)
+    # the mean past L (0.625) passes score_min 0.5; the cell at 2048 (0.25) does not: the cell is named
+    res = ruler_result(_ruler_gate(score_min=0.5, yarn_margin=0.0), *args)
+    assert not res.passed
+    assert [(f["gate"], f["task"], f["ctx"], f["method"], f["rule"]) for f in res.failures] == [
+        ("rul", "niah_multikey", 2048, "dca", "score_min"), ("rul", "niah_multikey", 2048, "dca", "yarn_margin")]
+    assert res.failures[0]["score"] == 0.25 and res.failures[0]["threshold"] == 0.5
+    assert res.failures[0]["text"] == "rul: niah_multikey at 2048 tokens: DCA 0.25 < score_min 0.5"
+    assert res.failures[1]["text"] == "rul: niah_multikey at 2048 tokens: DCA 0.25 < YaRN 0.75 + yarn_margin 0"
+    assert "niah_multikey at 2048 tokens: DCA 0.25 < score_min 0.5" in res.summary
+    # the cells inside L are not judged; without thresholds nothing fails
+    assert ruler_result(_ruler_gate(score_min=0.2), *args).passed
+    res = ruler_result(_ruler_gate(), *args)
+    assert res.passed and res.failures == [] and "no thresholds set" in res.summary
+    # no DCA score past L at all (every prompt too long) is a failure of score_min, not a pass
+    none = _records({("niah_multikey", 1024, m): [None, None] for m in ("yarn", "dca")})
+    res = ruler_result(_ruler_gate(score_min=0.5), 256, [1024], ["yarn", "dca"], ["niah_multikey"], none, 128, 32)
+    assert not res.passed and res.failures[0]["text"] == "rul: niah_multikey: no DCA score past 256"
+
+
+def test_ruler_vt_is_not_measurable_when_plain_scores_0_inside_l() -> None:
+    from dcaforge.gate import VT_NOT_MEASURABLE, ruler_result
+
+    past = {("vt", 1024, "yarn"): [0.0, 0.0], ("vt", 1024, "dca"): [0.0, 0.0],
+            ("niah_multikey", 1024, "yarn"): [0.0, 0.5], ("niah_multikey", 1024, "dca"): [1.0, 1.0]}
+    g = _ruler_gate(score_min=0.5, yarn_margin=0.0)
+    # vt 0 inside L (the vt check: plain at L = 256): vt is left out of the thresholds, and says why
+    recs = _records({("vt", 256, "plain"): [0.0, 0.0], **past})
+    res = ruler_result(g, 256, [256, 1024], ["yarn", "dca"], ["vt", "niah_multikey"], recs, 128, 32)
+    assert res.passed, res.summary
+    assert VT_NOT_MEASURABLE in res.summary and res.metrics["vt_measurable"] is False
+    assert VT_NOT_MEASURABLE == "vt: not measurable on this model (0 inside its trained window)"
+    assert res.metrics["methods"] == ["plain", "yarn", "dca"]          # the vt check's plain row is shown
+    assert {(p["task"], p["ctx"]) for p in res.points} == {("vt", 256), ("vt", 1024), ("niah_multikey", 1024)}
+    # a model that does vt inside L keeps vt: DCA's 0 past L fails, named
+    recs = _records({("vt", 256, "plain"): [0.4, 0.0], **past})
+    res = ruler_result(g, 256, [256, 1024], ["yarn", "dca"], ["vt", "niah_multikey"], recs, 128, 32)
+    assert not res.passed and res.metrics["vt_measurable"] is True
+    assert [f["text"] for f in res.failures] == ["rul: vt at 1024 tokens: DCA 0.00 < score_min 0.5"]
+    # no vt prompt fits inside L: nothing is known, vt is kept
+    recs = _records({("vt", 256, "plain"): [None, None], **past})
+    res = ruler_result(g, 256, [256, 1024], ["yarn", "dca"], ["vt", "niah_multikey"], recs, 128, 32)
+    assert not res.passed and res.metrics["vt_measurable"] is None
+
+
+def test_ruler_runs_vt_inside_l_first_and_skips_it_past_l_at_0() -> None:
+    from dcaforge.gate import ruler_job_tasks, ruler_jobs, vt_inside_score
+
+    tasks = ["vt", "niah_multikey"]
+    # no context inside L with plain: a plain server at L runs vt alone, first
+    jobs = ruler_jobs([524288, 1048576], ["yarn", "dca"], tasks, 32768)
+    assert jobs == [(32768, "plain", True), (524288, "yarn", False), (524288, "dca", False), (1048576, "yarn", False),
+                    (1048576, "dca", False)]
+    assert ruler_job_tasks(tasks, 32768, 32768, True, None) == ["vt"]
+    # L among the contexts with plain: that is the check, no extra server; the contexts run in ascending order
+    assert ruler_jobs([1024, 256], ["plain", "dca"], tasks, 256) == [(256, "plain", False), (256, "dca", False),
+                                                                     (1024, "plain", False), (1024, "dca", False)]
+    assert ruler_jobs([1024], ["dca"], ["niah_multikey"], 256) == [(1024, "dca", False)]           # no vt, no check
+    assert ruler_jobs([1024], ["dca"], tasks, 256, vt_probe=False) == [(1024, "dca", False)]        # turned off
+    # vt scored 0 inside L: past L vt is not run; a positive score or no fitting prompt keeps it
+    zero = [{"task": "vt", "ctx": 256, "method": "plain", "score": 0.0}] * 2
+    assert vt_inside_score(zero, 256) == 0.0
+    assert ruler_job_tasks(tasks, 1024, 256, False, vt_inside_score(zero, 256)) == ["niah_multikey"]
+    assert ruler_job_tasks(tasks, 256, 256, False, 0.0) == tasks
+    assert ruler_job_tasks(tasks, 1024, 256, False, 0.2) == tasks
+    assert ruler_job_tasks(tasks, 1024, 256, False, None) == tasks
+    assert vt_inside_score([{"task": "vt", "ctx": 256, "method": "plain", "score": None}], 256) is None

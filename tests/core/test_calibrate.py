@@ -1,0 +1,391 @@
+"""``dcaforge calibrate`` on the CPU, without a llama.cpp build: its refusals (a file that is not a GGUF or is cut
+short, a model DCA cannot serve, no build, an output that exists or is the input), each through the real command line
+with a message that says what, where and what next, exit 1, no traceback and the input's bytes unchanged; the copy of
+the GGUF (the two dual_chunk keys set, every other key and every tensor byte as it was, a quantized tensor and a custom
+alignment included); the plan (candidates and lengths); the selection rule the bench and calibrate share
+(dcaforge.longctx.choose) on synthetic records, through bench/longctx/run.py too; and the report's figure and JSON.
+
+The sweep itself (llama-server answering trials) is tests/e2e/test_e2e_calibrate.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dcaforge import calibrate as cal
+from dcaforge import longctx
+from dcaforge.cli import app
+from dcaforge.errors import CalibrateError
+from dcaforge.gatetools import tiny
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
+runner = CliRunner()
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fake_server(tmp: Path, dca: bool) -> Path:
+    """A program that answers --help like a llama-server (with or without --dca) and does nothing else."""
+    exe = tmp / ("llama-server-dca" if dca else "llama-server-plain")
+    exe.write_text("#!/bin/sh\necho 'usage: llama-server [options]'\necho '  -c, --ctx-size N'\n"
+                   + ("echo '  --dca on|off   dual chunk attention'\n" if dca else ""))
+    exe.chmod(0o755)
+    return exe
+
+
+def cli(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, ["calibrate", *args])
+    return r.exit_code, r.output
+
+
+def refused(model: Path, *args: str, out: Path | None = None) -> str:
+    """The command's output for a refusal: exit 1, error / where / next, no traceback; ``model`` unchanged and no
+    output written."""
+    before = sha(model) if model.is_file() else None
+    out = out or cal.default_out(model)
+    existed = out.exists()
+    code, text = cli(str(model), *args)
+    assert code == 1, text
+    assert "error:" in text and "next:" in text and "Traceback" not in text, text
+    assert (sha(model) if model.is_file() else None) == before
+    assert out.exists() == existed
+    return text
+
+
+# --- refusals -----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["text", "empty", "cut-in-header", "cut-in-tensors", "cut-by-one-byte", "folder", "missing"])
+def test_refuses_a_file_that_is_not_a_whole_gguf(tmp_path: Path, case: str) -> None:
+    data = MODEL.read_bytes()
+    m = tmp_path / "m.gguf"
+    if case == "text":
+        m.write_text("this is not a model\n")
+    elif case == "empty":
+        m.write_bytes(b"")
+    elif case == "cut-in-header":
+        m.write_bytes(data[:3000])
+    elif case == "cut-in-tensors":
+        m.write_bytes(data[: len(data) // 2])
+    elif case == "cut-by-one-byte":
+        m.write_bytes(data[:-1])
+    elif case == "folder":
+        m.mkdir()
+    text = refused(m, "--server", str(fake_server(tmp_path, True)))
+    want = {"text": "is not a GGUF file", "empty": "is not a GGUF file", "cut-in-header": "truncated",
+            "cut-in-tensors": "truncated", "cut-by-one-byte": "truncated", "folder": "is not a file",
+            "missing": "does not exist"}[case]
+    assert want in text and str(m) in text, text
+
+
+def _other_arch(path: Path) -> Path:
+    """A tiny GGUF of an architecture 0078 does not hook (phi3): tiny's qwen2 model's tensors, another name."""
+    src = gguf.GGUFReader(tiny.build("qwen2", str(path.with_suffix(".src.gguf"))))
+    w = gguf.GGUFWriter(path, "phi3")
+    w.add_context_length(256)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.asarray(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(("arch", "want"), [
+    ("phi3", "architecture 'phi3' is not one DCA serves (supported: gemma4, gemma3, qwen2, qwen3, qwen3moe, llama)"),
+    ("llama+alibi", "architecture 'llama' uses ALiBi position biases (llama.attention.max_alibi_bias = 8)"),
+    ("mpt", "architecture 'mpt' uses ALiBi position biases"),
+    ("gpt-oss", "architecture 'gpt-oss' uses attention sinks (blk.0.attn_sinks.weight)"),
+    ("deepseek2", "architecture 'deepseek2' uses multi-head latent attention (MLA: blk.0.attn_kv_a_mqa.weight)"),
+    ("t5", "architecture 't5' uses relative position biases added to KQ"),
+])
+def test_refuses_a_model_dca_cannot_serve(tmp_path: Path, arch: str, want: str) -> None:
+    from tests.models import unsupported
+
+    m = tmp_path / "m.gguf"
+    if arch == "phi3":
+        _other_arch(m)
+    elif arch == "llama+alibi":
+        tiny.build("llama", str(m), kv={"{arch}.attention.max_alibi_bias": 8.0})
+    else:
+        unsupported.build(arch, str(m))
+    text = refused(m, "--server", str(fake_server(tmp_path, True)))
+    assert want in text, text
+    assert "--dca off" in text  # what to do instead
+
+
+def test_refuses_without_a_build(tmp_path: Path) -> None:
+    m = tmp_path / "m.gguf"
+    m.write_bytes(MODEL.read_bytes())
+    # --server that is not there
+    text = refused(m, "--server", str(tmp_path / "nowhere" / "llama-server"))
+    assert "no llama-server at" in text and "dcaforge build" in text and "--server" in text, text
+    # the clean room's build, when there is none: the config's room has no build/bin/llama-server
+    cfg = tmp_path / "dcaforge.yaml"
+    data = yaml.safe_load((REPO / "examples" / "upstream.yaml").read_text())
+    data.update(root=str(REPO), cleanroom=str(tmp_path / "rooms"), gates=[])
+    cfg.write_text(yaml.safe_dump(data))
+    code, text = cli(str(m), "-c", str(cfg), "--dev-text", str(REPO / "docs" / "workflow.md"))
+    assert code == 1 and "no llama-server at" in text and "the clean room's build" in text, text
+    assert f"`dcaforge build --targets \"llama-server llama-perplexity\" -c {cfg}`" in text, text
+    # a llama-server without the feature
+    text = refused(m, "--server", str(fake_server(tmp_path, False)))
+    assert "does not know --dca: it was not built with 0078-dca" in text, text
+
+
+def test_refuses_an_output_that_exists_or_is_the_input(tmp_path: Path) -> None:
+    m = tmp_path / "m.gguf"
+    m.write_bytes(MODEL.read_bytes())
+    srv = fake_server(tmp_path, True)
+    out = tmp_path / "m.dca.gguf"
+    out.write_bytes(b"the user's file")
+    text = refused(m, "--server", str(srv), out=out)
+    assert f"the output {out} exists" in text and "--force" in text, text
+    assert out.read_bytes() == b"the user's file"
+    for same in (str(m), str(tmp_path / "." / "m.gguf")):
+        text = refused(m, "--server", str(srv), "-o", same, "--force", out=m)
+        assert "is the input model" in text, text
+    link = tmp_path / "link.gguf"
+    link.symlink_to(m)
+    text = refused(m, "--server", str(srv), "-o", str(link), "--force", out=link)
+    assert "is the input model" in text, text
+    # --force gets past the output's check: the next refusal is the texts' (no room here, no --dev-text)
+    text = refused(m, "--server", str(srv), "--force", "--dev-text", str(tmp_path / "none.txt"), out=out)
+    assert "the dev text" in text and "cannot be read" in text, text
+    assert out.read_bytes() == b"the user's file"
+
+
+def test_refuses_a_context_too_long_for_max_tokens() -> None:
+    info = cal.inspect_gguf(MODEL)
+    with pytest.raises(CalibrateError, match="leaves no room past the trained context L = 256"):
+        cal.plan(info, max_tokens=500)
+    with pytest.raises(CalibrateError, match=r"chunk size 300 is outside \(16, L = 256\]"):
+        cal.plan(info, chunks=(64, 300))
+
+
+# --- the copy -------------------------------------------------------------------------------------------------------------
+
+def _model_with_quant_and_alignment(path: Path) -> Path:
+    """A GGUF of gemma3 shape: an f32 tensor, a Q8_0 tensor (stored as bytes), alignment 64, its own dual_chunk
+    chunk size (which the copy replaces), a string array and a float."""
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_custom_alignment(64)
+    w.add_context_length(32768)
+    w.add_uint32("gemma3.attention.dual_chunk.chunk_size", 999)
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "<s>"])
+    rng = np.random.default_rng(5)
+    w.add_tensor("output_norm.weight", rng.standard_normal(96).astype(np.float32))
+    q = gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("token_embd.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("which", ["longctx-qwen2", "gemma3-q8_0-align64"])
+def test_copy_sets_the_two_keys_and_keeps_every_other_key_and_tensor_byte(tmp_path: Path, which: str) -> None:
+    src = MODEL if which == "longctx-qwen2" else _model_with_quant_and_alignment(tmp_path / "src.gguf")
+    before = sha(src)
+    dst = tmp_path / "out.gguf"
+    res = cal.write_dca_copy(src, dst, 4096, 512)
+    assert sha(src) == before
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(dst)
+    arch = a.fields["general.architecture"].contents()
+    keys = {f"{arch}.attention.dual_chunk.chunk_size": 4096, f"{arch}.attention.dual_chunk.local_size": 512}
+    for k, v in keys.items():
+        assert b.fields[k].types == [gguf.GGUFValueType.UINT32] and b.fields[k].contents() == v
+    fa = {f.name: (f.types, f.contents()) for f in a.fields.values() if not f.name.startswith("GGUF.") and f.name not in keys}
+    fb = {f.name: (f.types, f.contents()) for f in b.fields.values() if not f.name.startswith("GGUF.") and f.name not in keys}
+    assert fa == fb
+    assert a.alignment == b.alignment == (64 if which != "longctx-qwen2" else 32)
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors] and len(a.tensors) == res.n_tensors
+    for ta, tb in zip(a.tensors, b.tensors, strict=True):
+        assert ta.tensor_type == tb.tensor_type and list(ta.shape) == list(tb.shape)
+        assert np.asarray(ta.data).tobytes() == np.asarray(tb.data).tobytes(), ta.name
+        assert int(tb.data_offset) % b.alignment == 0
+    info = cal.inspect_gguf(dst)
+    assert (info.chunk, info.local) == (4096, 512)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.gguf.tmp")]
+
+
+def test_copy_is_checked_by_reading_it_back(tmp_path: Path) -> None:
+    """verify_copy catches a copy whose tensor bytes differ from the source's (one byte flipped)."""
+    dst = tmp_path / "out.gguf"
+    cal.write_dca_copy(MODEL, dst, 128, 16)
+    r = gguf.GGUFReader(dst)
+    off = int(r.tensors[3].data_offset) + 5
+    del r
+    data = bytearray(dst.read_bytes())
+    data[off] ^= 0xFF
+    dst.write_bytes(bytes(data))
+    keys = {"qwen2.attention.dual_chunk.chunk_size": 128, "qwen2.attention.dual_chunk.local_size": 16}
+    with pytest.raises(CalibrateError, match="does not read back as written") as exc:
+        cal.verify_copy(MODEL, dst, keys)
+    assert "(bytes)" in (exc.value.details or "")
+    with pytest.raises(CalibrateError, match="does not read back as written") as exc:
+        cal.verify_copy(MODEL, dst, {**keys, "qwen2.attention.dual_chunk.chunk_size": 64})
+    assert "qwen2.attention.dual_chunk.chunk_size" in (exc.value.details or "")
+
+
+# --- the plan -------------------------------------------------------------------------------------------------------------
+
+def test_plan_candidates_and_lengths() -> None:
+    def info(L: int, chunk: int | None = None) -> cal.GgufInfo:
+        return cal.GgufInfo(MODEL, 0, "gemma3", L, L, "gemma3.context_length", chunk, None, 0, 0)
+
+    p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off
+    assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048")
+    assert p.dev_lengths == (81920, 163840) and p.heldout_lengths == (98304, 196608)
+    assert p.total_trials == 4 * 2 * 10 + 2 * 2 * 10 and p.slack == 2 and p.ppl_ctx == 81920
+    assert p.estimate_seconds <= 15 * 60   # the issue's budget for a 270M model on one H100, at 3 s per 100k tokens
+    assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512")
+    assert cal.plan(info(4096)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256")   # at least 512
+    assert cal.plan(info(256)).candidates == ("dca:32:4", "dca:64:8", "dca:128:16")           # small L: from L/8
+    assert cal.plan(info(32768, chunk=6144)).candidates[2] == "dca:6144:768"                    # the GGUF's own, too
+    assert cal.plan(info(32768), chunks=(3000,)).candidates == ("dca:3000:375",)
+    assert cal.plan(info(32768), perplexity=False).ppl_ctx is None
+    # a cap keeps every length past L, apart, dev below held-out
+    p = cal.plan(info(131072))
+    assert L_ok(p, 131072) and p.heldout_lengths[-1] == 262144
+    p = cal.plan(info(32768), max_tokens=100000)
+    assert L_ok(p, 32768) and max(p.heldout_lengths) == 100000
+
+
+def L_ok(p: cal.Plan, L: int) -> bool:
+    every = [*p.dev_lengths, *p.heldout_lengths]
+    return min(every) > L and len(set(every)) == 4 and max(p.dev_lengths) < max(p.heldout_lengths)
+
+
+def test_method_flags() -> None:
+    assert longctx.method_args("plain", 1024, 256, "qwen2") == ["--override-kv", "qwen2.context_length=int:1024"]
+    assert longctx.method_args("plain", 256, 256, "qwen2") == []
+    assert longctx.method_args("yarn", 1024, 256) == ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "256"]
+    assert longctx.method_args("dca", 1024, 256, "qwen2") == ["--dca", "on"]
+    assert longctx.method_args("dca:128:16", 1024, 256, "qwen2") == [
+        "--dca", "on", "--dca-chunk-size", "128", "--dca-local-size", "16", "--dca-yarn-factor", "0"]
+    assert longctx.method_args("dca:128:16:auto", 1024, 256)[-1] == "auto"
+    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0"):
+        with pytest.raises(ValueError, match="unknown method"):
+            longctx.method_args(bad, 1024, 256)
+
+
+# --- the selection rule ---------------------------------------------------------------------------------------------------
+
+def S(k: int, n: int = 20) -> longctx.Score:
+    return longctx.Score(k, n)
+
+
+def test_choose_most_answers_then_perplexity_then_larger_chunk() -> None:
+    ms = ["dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048"]
+    # the most answers wins outside the slack, whatever the perplexity
+    c = longctx.choose({ms[0]: S(10), ms[1]: S(18), ms[2]: S(15), ms[3]: S(4)},
+                       {ms[0]: [5.0], ms[1]: [9.0], ms[2]: [5.1], ms[3]: [4.0]}, ms)
+    assert c.pick == ms[1] and c.near == (ms[1],)
+    # within the slack (2), the lowest mean dev perplexity
+    c = longctx.choose({ms[0]: S(17), ms[1]: S(18), ms[2]: S(16), ms[3]: S(4)},
+                       {ms[0]: [6.0, 6.2], ms[1]: [6.5], ms[2]: [6.1, 6.3]}, ms)
+    assert c.pick == ms[0] and c.near == (ms[0], ms[1], ms[2])
+    assert c.why == ("dca:2048:256 17/20 ppl 6.1000, dca:4096:512 18/20 ppl 6.5000, dca:8192:1024 16/20 ppl 6.2000, "
+                     "dca:16384:2048 4/20")
+    assert longctx.choose({ms[0]: S(17), ms[1]: S(18), ms[2]: S(16)}, {ms[1]: [6.5]}, ms, slack=1).pick == ms[1]
+    # no perplexity: the larger S among the near ones
+    assert longctx.choose({ms[0]: S(18), ms[1]: S(17), ms[2]: S(16), ms[3]: S(12)}, {}, ms).pick == ms[2]
+    # a method without trials is never chosen, even with the best perplexity
+    assert longctx.choose({ms[0]: S(0), ms[1]: S(0, 0)}, {ms[1]: [1.0]}, ms[:2]).pick == ms[0]
+    with pytest.raises(ValueError, match="no trials"):
+        longctx.choose({}, {}, ms)
+
+
+def test_bench_choose_is_the_library_rule(tmp_path: Path) -> None:
+    """bench/longctx/run.py choose reads the runner's JSON lines and picks with dcaforge.longctx.choose (slack 2)."""
+    ms = ["dca:2048:256", "dca:4096:512", "dca:8192:1024"]
+    oks = {ms[0]: [1] * 17 + [0] * 3, ms[1]: [1] * 18 + [0] * 2, ms[2]: [1] * 10 + [0] * 10}
+    with open(tmp_path / "passkey.jsonl", "w") as fh:
+        for m, seq in oks.items():
+            for i, ok in enumerate(seq):
+                fh.write(json.dumps({"set": "dev", "model": "smollm2-135m", "length": "24576", "method": m, "index": i,
+                                     "ok": bool(ok)}) + "\n")
+        fh.write(json.dumps({"set": "dev", "model": "smollm2-135m", "length": "inside", "method": ms[2], "index": 0,
+                             "ok": True}) + "\n")
+    with open(tmp_path / "ppl.jsonl", "w") as fh:
+        for m, v in ((ms[0], 5.3), (ms[1], 5.4), (ms[2], 5.0)):
+            fh.write(json.dumps({"set": "dev", "model": "smollm2-135m", "ctx": 24576, "method": m, "ppl": v}) + "\n")
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "longctx" / "run.py"), "choose", "--set", "dev", "--model",
+                        "smollm2-135m", "--methods", ",".join(ms), str(tmp_path)], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    lib = longctx.choose({m: longctx.Score(sum(v), len(v)) for m, v in oks.items()},
+                         {ms[0]: [5.3], ms[1]: [5.4], ms[2]: [5.0]}, ms)
+    assert p.stdout.strip() == lib.pick == ms[0]
+    assert p.stderr.strip() == f"# {lib.why}"
+
+
+def test_bench_runner_imports_only_the_standard_library_and_pyyaml() -> None:
+    """run.py runs on the GPU machine with python3 and PyYAML: the dcaforge modules it imports need nothing else."""
+    code = ("import sys; sys.path.insert(0, 'bench/longctx'); import run, corpus; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'gguf', 'numpy', 'typer', 'rich', 'click', 'matplotlib', 'git'}))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the pinned held-out text is Python 3.11's documentation")
+def test_heldout_text_is_the_pinned_one() -> None:
+    """The held-out text's builder moved into dcaforge.longctx: byte-identical to the text sets.yaml pins."""
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())
+    assert longctx.sha256_text(longctx.heldout_text()) == sets["sets"]["heldout"]["text"]["sha256"]
+
+
+def test_dev_text_of_a_tree(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "ggml" / "src").mkdir(parents=True)
+    (tmp_path / "src" / "b.cpp").write_text("int b;\n")
+    (tmp_path / "src" / "a.cpp").write_text("int a;\n")
+    (tmp_path / "src" / "llama-dca.cpp").write_text("the feature's own\n")
+    (tmp_path / "ggml" / "src" / "g.c").write_text("int g;\n")
+    assert longctx.dev_text(tmp_path) == "int a;\n\n\nint b;\n\n\nint g;\n"
+    with pytest.raises(ValueError, match="no src/"):
+        longctx.dev_text(tmp_path / "ggml")
+
+
+# --- the report -------------------------------------------------------------------------------------------------------
+
+def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dcaforge.commands.calibrate import print_report
+    from dcaforge.plot import plot_calibration
+
+    info = cal.inspect_gguf(MODEL)
+    pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2)
+    dev = {pl.candidates[0]: {640: S(1, 2), 1280: S(0, 2)}, pl.candidates[1]: {640: S(2, 2), 1280: S(1, 2)}}
+    ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1}
+    choice = longctx.choose({m: cal.Report.total(by) for m, by in dev.items()},
+                            {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=pl.slack)
+    held = {choice.pick: {768: S(2, 2), 1536: S(1, 2)}, "yarn": {768: S(0, 2), 1536: S(0, 2)}}
+    out = tmp_path / "m.dca.gguf"
+    copy = cal.write_dca_copy(MODEL, out, 128, 16)
+    rep = cal.Report(MODEL, out, tmp_path, info, pl, dev, ppl, choice, 128, 16, held, copy)
+    assert choice.pick == "dca:128:16" and rep.verdict == "held-out: dca:128:16 3/4 [0.30, 0.95] above YaRN 0/4 [0.00, 0.49]"
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["choice"]["chunk_size"] == 128 and d["dev"]["dca:64:8"]["total"] == {"k": 1, "n": 4, "wilson95": [0.0456, 0.6994]}
+    png = plot_calibration(rep, tmp_path / "sweep.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print_report(rep)
+    text = capsys.readouterr().out
+    assert "pick:     dca:128:16: the most exact dev answers; among those within 1 of the best (dca:128:16)" in text
+    assert "held-out: dca:128:16 3/4 [0.30, 0.95] above YaRN 0/4 [0.00, 0.49]" in text
+    assert "qwen2.attention.dual_chunk.chunk_size = 128, local_size = 16; every other key and the 50 tensors" in text
+    assert os.fspath(out) in text

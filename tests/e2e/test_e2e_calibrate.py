@@ -1,0 +1,69 @@
+"""`dcaforge calibrate` end to end on the committed trained model (tests/models/longctx-qwen2.gguf: qwen2, byte-level,
+L = 256), through the clean room's llama-server (the `serve_tree` build) as a user runs it: `-c CONFIG` and nothing
+else about the build (the server is the room's, the dev text the room's llama.cpp sources, the held-out text Python's
+documentation), tiny trial counts and two chunk sizes; the dev perplexity when the room's build has llama-perplexity.
+The copy is written next to the work folder with the pick's
+sizes, the input is unchanged, and `--dca on` alone on the copy logs that DCA takes "the model's own" sizes from the
+GGUF (llama_dca_resolve in the 0078 C++)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from e2e_helpers import REPO, WORKSPACE, LlamaServer, dcaforge
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dcaforge import calibrate  # noqa: E402
+
+MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
+LOGS = WORKSPACE / "logs" / "calibrate"
+
+
+def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Path) -> None:
+    before = hashlib.sha256(MODEL.read_bytes()).hexdigest()
+    out = tmp_path / "longctx.dca.gguf"
+    t0 = time.monotonic()
+    # the model as a path relative to the working directory (the repository), as a user types it
+    p = dcaforge("calibrate", str(MODEL.relative_to(REPO)), "-o", str(out), "--chunks", "64,128", "--dev-trials", "2",
+                 "--heldout-trials", "2", "--server-args", "-t 2 -fa on", "--json")
+    seconds = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert hashlib.sha256(MODEL.read_bytes()).hexdigest() == before
+    rep = json.loads(p.stdout)
+    assert rep["plan"]["candidates"] == ["dca:64:8", "dca:128:16"]
+    assert rep["plan"]["dev_lengths"] == [640, 1280] and rep["plan"]["heldout_lengths"] == [768, 1536]
+    pick = rep["choice"]["pick"]
+    chunk, local = rep["choice"]["chunk_size"], rep["choice"]["local_size"]
+    assert pick == f"dca:{chunk}:{local}" and chunk in (64, 128)
+    for m in ("dca:64:8", "dca:128:16"):
+        assert rep["dev"][m]["total"]["n"] == 4
+    assert set(rep["heldout"]) == {pick, "yarn"} and rep["heldout"]["yarn"]["total"]["n"] == 4
+    assert rep["gguf"]["trained"] == 256 and rep["gguf"]["chunk"] is None
+    if serve_tree.bin("llama-perplexity").exists():   # built by the room's other tests (dca_tree): the dev perplexity
+        assert all(v is not None and v > 1 for v in rep["dev_perplexity"].values()), rep["dev_perplexity"]
+    else:
+        assert rep["notes"] and "no llama-perplexity" in rep["notes"][0]
+    # every trial recorded, each prompt exactly its length (the needle's depth inside it)
+    work = Path(rep["work"])
+    trials = [json.loads(line) for line in (work / "trials.jsonl").read_text().splitlines()]
+    assert len(trials) == 16 and all(0 < t["depth"] < 1 for t in trials)
+    assert len({t["key"] for t in trials if t["set"] == "calibrate-dev"}) >= 3   # a fresh key per trial
+    assert (work / "report.json").is_file() and (work / "sweep.png").is_file()
+    info = calibrate.inspect_gguf(out)
+    assert (info.chunk, info.local) == (chunk, local)
+    # --dca on and nothing else: the GGUF's sizes
+    LOGS.mkdir(parents=True, exist_ok=True)
+    args = ["-m", out, "-c", "1024", "--parallel", "1", "-t", "2", "--no-warmup", "-lv", "4", "--dca", "on"]
+    with LlamaServer(serve_tree.bin("llama-server"), args, LOGS / "dca-on.log") as srv:
+        status, _ = srv.request("POST", "/completion", {"prompt": [256, *b"int main(void) {"], "n_predict": 2})
+        assert status == 200
+        log = srv.output()
+    assert f"chunk size S = {chunk}, local window w = {local}" in log, log[-3000:]
+    assert ("the model's own: qwen2.attention.dual_chunk.chunk_size, qwen2.attention.dual_chunk.local_size") in log
+    print(f"calibrate: {seconds:.1f} s, pick {pick}, {rep['verdict']}")
