@@ -1,7 +1,8 @@
 """Builds the two texts of the long-context protocol (bench/longctx/sets.yaml), which differ in domain:
 
-- dev: C++ and C source of llama.cpp (``src/*.cpp`` but the feature's ``llama-dca*.cpp``, then ``ggml/src/*.c`` of
-  the tree given, sorted by name: upstream's code at the sdist the default config pins),
+- dev: C++ and C source of llama.cpp (``src/*.cpp`` but the feature's ``llama-dca*.cpp``, then ``ggml/src/*.c``,
+  sorted by name) as upstream has them at the sdist the default config pins: of a clean room, its baseline
+  (the ``dcaforge/baseline`` tag, before the feature's hooks, which change with the templates),
 - held-out: English prose, Python 3.11's own documentation: ``pydoc_data.topics`` (the language reference, as
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once.
@@ -9,7 +10,7 @@
 The builders are dcaforge.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
 script adds the Python 3.11 check and writes the files.
 
-    python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx
+    python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
         writes build/longctx/dev.txt and heldout.txt and prints their sha256, which sets.yaml pins: a text that
         differs (another llama.cpp, another Python) is refused by the runner.
 """
@@ -27,6 +28,17 @@ from dcaforge import longctx  # noqa: E402
 
 
 def dev_text(tree: Path) -> str:
+    if (tree / ".git").exists():   # a clean room: its baseline, exported (the work tree carries the feature's hooks)
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            arc = subprocess.run(["git", "-C", str(tree), "archive", "dcaforge/baseline", "src", "ggml/src"],
+                                 capture_output=True, check=False)
+            if arc.returncode != 0:
+                raise SystemExit(f"{tree}: no dcaforge/baseline to read ({arc.stderr.decode().strip()})")
+            subprocess.run(["tar", "-x", "-C", tmp], input=arc.stdout, check=True)
+            return dev_text(Path(tmp))
     try:
         return longctx.dev_text(tree)
     except ValueError as exc:
