@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
 from dcaforge.capture import capture
+from dcaforge.errors import ConfigError
 from dcaforge.series import apply
 from dcaforge.verify import verify
 
@@ -37,3 +42,123 @@ def test_submodule_source_is_flattened_and_captured_under_llama_cpp(project) -> 
     verify(cfg)
     verify(cfg, fresh_render=True)
     project.assert_source_untouched()
+
+
+UNREACHABLE = "https://git.invalid/{}.git"  # .invalid never resolves: a fetch from a URL would fail
+
+
+def _nested(project, *, clone_nested: bool, delete_worktree: bool):
+    """llamafile's shape with a nested submodule: stable-diffusion.cpp has ggml as its own submodule.
+    The user's checkout has clones of llama.cpp and stable-diffusion.cpp in .git/modules; with
+    ``clone_nested`` also of stable-diffusion.cpp/ggml (.git/modules/stable-diffusion.cpp/modules/ggml),
+    whose work tree ``delete_worktree`` removes (as llamafile's setup does). Every .gitmodules names an
+    unreachable URL and the upstream repositories are deleted: only the checkout's own clones exist."""
+    up = project.tmp / "upstream"
+    git_init(up / "ggml", {"ggml.c": "int ggml(void) { return 0; }\n"})
+    sd = up / "sd"
+    git_init(sd, {"sd.cpp": "int sd(void) { return 1; }\n"})
+    ugit(sd, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(up / "ggml"), "ggml")
+    ugit(sd, "config", "-f", ".gitmodules", "submodule.ggml.url", UNREACHABLE.format("ggml"))
+    ugit(sd, "add", "-A")
+    ugit(sd, "commit", "-q", "-m", "ggml as a submodule")
+    git_init(up / "llama", source_files())
+    sup = project.tmp / "llamafile"
+    git_init(sup, {"Makefile": "all:\n"})
+    for url, path in ((up / "llama", "llama.cpp"), (sd, "stable-diffusion.cpp")):
+        ugit(sup, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(url), path)
+        ugit(sup, "config", "-f", ".gitmodules", f"submodule.{path}.url", UNREACHABLE.format(path))
+    ugit(sup, "add", "-A")
+    ugit(sup, "commit", "-q", "-m", "llamafile-like, nested submodules")
+    if clone_nested:
+        ugit(sup / "stable-diffusion.cpp", "submodule", "init")
+        ugit(sup / "stable-diffusion.cpp", "config", "submodule.ggml.url", str(up / "ggml"))
+        ugit(sup / "stable-diffusion.cpp", "-c", "protocol.file.allow=always", "submodule", "update", "-q")
+        assert (sup / ".git/modules/stable-diffusion.cpp/modules/ggml/HEAD").is_file()
+    if delete_worktree:
+        shutil.rmtree(sup / "stable-diffusion.cpp" / "ggml")
+    shutil.rmtree(up)
+    project.source = sup
+    project.before = snapshot(sup)
+    return sup
+
+
+def _gitlinks(room) -> list[str]:
+    return [ln for ln in ugit(room, "ls-files", "-s").splitlines() if ln.startswith("160000 ")]
+
+
+def test_nested_submodule_from_its_parents_modules_offline(project) -> None:
+    """The nested clone lives in .git/modules/stable-diffusion.cpp/modules/ggml (its work tree deleted);
+    it is found there and flattened in its parent, stable-diffusion.cpp (today's main removed it from
+    the superproject's index: `pathspec 'stable-diffusion.cpp/ggml' did not match`)."""
+    sup = _nested(project, clone_nested=True, delete_worktree=True)
+    cfg = project.write_config(source=f"git: {sup}\nsubmodules: true", llama_cpp_dir="llama.cpp")
+    res = apply(cfg)
+    notes = "\n".join(res.notes)
+    nested = sup / ".git" / "modules" / "stable-diffusion.cpp" / "modules" / "ggml"
+    assert f"submodule stable-diffusion.cpp/ggml cloned from your checkout's {nested}" in notes
+    assert "flattened submodules: llama.cpp, stable-diffusion.cpp, stable-diffusion.cpp/ggml" in notes
+    room = cfg.room
+    files = set(ugit(room, "ls-files").split())
+    assert {"stable-diffusion.cpp/sd.cpp", "stable-diffusion.cpp/ggml/ggml.c", "llama.cpp/src/llama.cpp"} <= files
+    assert _gitlinks(room) == [] and not (room / "stable-diffusion.cpp/ggml/.git").exists()
+    capture(cfg)
+    verify(cfg)
+    project.assert_source_untouched()
+
+
+def test_a_submodule_the_bootstrap_deletes_is_not_fetched(project) -> None:
+    """No clone of stable-diffusion.cpp/ggml in the checkout (make setup never inits it) and the
+    bootstrap deletes its folder, as llamafile's stable-diffusion.cpp setup does: not fetched (today's
+    main cloned it from its URL: offline, that fails)."""
+    sup = _nested(project, clone_nested=False, delete_worktree=False)
+    project.write_config(source=f"git: {sup}\nsubmodules: true", llama_cpp_dir="llama.cpp")
+    project.config_path.write_text(project.config_path.read_text()
+                                   + "bootstrap:\n  - cd stable-diffusion.cpp && rm -rf ggml\n")
+    cfg = project.config
+    res = apply(cfg, trust=True)
+    notes = "\n".join(res.notes)
+    assert ("submodules the bootstrap deletes, not checked out (in no clone of your checkout): "
+            "stable-diffusion.cpp/ggml") in notes
+    assert "flattened submodules: llama.cpp, stable-diffusion.cpp\n" in notes + "\n"
+    assert _gitlinks(cfg.room) == [] and not (cfg.room / "stable-diffusion.cpp/ggml").exists()
+    project.assert_source_untouched()
+
+
+def test_a_submodule_absent_offline_and_kept_names_the_cause(project) -> None:
+    sup = _nested(project, clone_nested=False, delete_worktree=False)
+    cfg = project.write_config(source=f"git: {sup}\nsubmodules: true", llama_cpp_dir="llama.cpp")
+    with pytest.raises(ConfigError) as exc:
+        apply(cfg)
+    err = exc.value
+    commit = ugit(sup / "stable-diffusion.cpp", "ls-tree", "HEAD", "ggml").split()[2]
+    assert err.message.startswith("submodule stable-diffusion.cpp/ggml: the pinned commit is in no clone of your "
+                                  "checkout (a room of a local checkout is made offline, never from the URL)")
+    assert err.details is not None and f"commit {commit}" in err.details and "git.invalid/ggml.git" in err.details
+    assert str(sup / ".git/modules/stable-diffusion.cpp/modules/ggml") in err.details
+    assert err.hint is not None and "submodule update --init --recursive stable-diffusion.cpp" in err.hint
+    assert not cfg.room.exists() and [p.name for p in cfg.workspace.iterdir()] == []
+    project.assert_source_untouched()
+
+
+@pytest.mark.parametrize(("listed", "nested"), [
+    ("[llama.cpp, stable-diffusion.cpp]", False),
+    ("[llama.cpp, stable-diffusion.cpp, stable-diffusion.cpp/ggml]", True),
+])
+def test_an_explicit_list_does_not_recurse_into_unlisted_ones(project, listed: str, nested: bool) -> None:
+    sup = _nested(project, clone_nested=True, delete_worktree=False)
+    cfg = project.write_config(source=f"git: {sup}\nsubmodules: {listed}", llama_cpp_dir="llama.cpp")
+    res = apply(cfg)
+    files = set(ugit(cfg.room, "ls-files").split())
+    assert ("stable-diffusion.cpp/ggml/ggml.c" in files) is nested
+    assert ("stable-diffusion.cpp/ggml" in "\n".join(res.notes)) is nested
+    assert "stable-diffusion.cpp/sd.cpp" in files and _gitlinks(cfg.room) == []
+    project.assert_source_untouched()
+
+
+def test_an_explicit_list_naming_an_undeclared_submodule(project) -> None:
+    sup = _nested(project, clone_nested=True, delete_worktree=False)
+    cfg = project.write_config(source=f"git: {sup}\nsubmodules: [llama.cpp, stable-diffusion.cpp, ggml]", llama_cpp_dir="llama.cpp")
+    with pytest.raises(ConfigError, match="source.submodules names ggml, which no .gitmodules declares") as exc:
+        apply(cfg)
+    assert "stable-diffusion.cpp/ggml" in (exc.value.hint or "")
+    assert not cfg.room.exists()
