@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import SecurityError
 
-from . import confine, sandbox
+from . import confine, sandbox, shellscan
 from .cleanroom import Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
@@ -162,13 +162,26 @@ class TreeFacts:
         got = self.text(path, root)
         return got is not None and re.search(regex, got, re.MULTILINE) is not None
 
+    def script_builds(self, script: str, path: str, root: bool = False) -> bool:
+        """The shell script ``script`` names ``path`` (both relative to llama_cpp_dir, or to the room's root
+        with ``root=True``), literally or by a glob, after expanding its variables and following the
+        files it ``source``\\ s and the functions it calls (:mod:`dcaforge.shellscan`): e.g. llamafile's
+        cuda.sh, whose build-functions.sh globs ``$ggml_cuda_dir/*.cu``."""
+        full = self._full(script, root)
+        target = self._full(path, root)
+        if full is None or target is None:
+            return False
+        scanned = shellscan.scan(lambda rel: self.text(rel, root=True), full)
+        return scanned is not None and scanned.covers(target) is not None
+
     def __repr__(self) -> str:
-        return "tree (has(path), contains(path, text), matches(path, regex); root=True: from the room's root)"
+        return ("tree (has(path), contains(path, text), matches(path, regex), script_builds(script, path); "
+                "root=True: from the room's root)")
 
 
 CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, marker, marker_comment, feature, llama_cpp_dir, "
-                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), each with root=True for "
-                "room-relative paths)), then run the command again")
+                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), tree.script_builds(script, path), "
+                "each with root=True for room-relative paths)), then run the command again")
 
 
 def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
