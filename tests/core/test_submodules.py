@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from dcaforge.capture import capture
-from dcaforge.errors import ConfigError
+from dcaforge.errors import CommandError, ConfigError
 from dcaforge.series import apply
 from dcaforge.verify import verify
 
@@ -44,6 +45,7 @@ def test_submodule_source_is_flattened_and_captured_under_llama_cpp(project) -> 
     project.assert_source_untouched()
 
 
+REPO = Path(__file__).resolve().parents[2]
 UNREACHABLE = "https://git.invalid/{}.git"  # .invalid never resolves: a fetch from a URL would fail
 
 
@@ -162,3 +164,97 @@ def test_an_explicit_list_naming_an_undeclared_submodule(project) -> None:
         apply(cfg)
     assert "stable-diffusion.cpp/ggml" in (exc.value.hint or "")
     assert not cfg.room.exists()
+
+
+# llamafile 0.10.x's make setup, as its scripts behave (written for the tests, modelled on 0.10.1's
+# whisper.cpp.patches/apply-patches.sh and stable-diffusion.cpp.patches/apply-patches.sh)
+WHISPER_SETUP = """\
+#!/bin/bash
+set -e
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$SCRIPT_DIR/../whisper.cpp"
+if [ -n "$(git status --porcelain)" ]; then
+    echo "Git status is dirty. Please commit or stash your changes before applying patches."
+    exit 1
+fi
+cp -r "$SCRIPT_DIR"/llamafile-files/* .
+rm -f Makefile
+"""
+SD_SETUP = """\
+#!/bin/bash
+set -e
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$SCRIPT_DIR/../stable-diffusion.cpp"
+if [ -f "BUILD.mk" ]; then exit 0; fi
+cp "$SCRIPT_DIR/llamafile-files/BUILD.mk" .
+rm -rf ggml
+rm -f .gitmodules
+"""
+
+
+def _llamafile_setup(project) -> Path:
+    """_nested's checkout (no clone of stable-diffusion.cpp/ggml, as make setup leaves it) plus whisper.cpp and
+    the three setup folders of llamafile 0.10.x."""
+    sup = _nested(project, clone_nested=False, delete_worktree=False)
+    up = project.tmp / "upstream2"
+    git_init(up / "whisper", {"Makefile": "all:\n", "whisper.cpp": "int w;\n"})
+    ugit(sup, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(up / "whisper"), "whisper.cpp")
+    ugit(sup, "config", "-f", ".gitmodules", "submodule.whisper.cpp.url", UNREACHABLE.format("whisper.cpp"))
+    files = {"whisper.cpp.patches/apply-patches.sh": WHISPER_SETUP,
+             "whisper.cpp.patches/llamafile-files/BUILD.mk": "# whisper\n",
+             "stable-diffusion.cpp.patches/apply-patches.sh": SD_SETUP,
+             "stable-diffusion.cpp.patches/llamafile-files/BUILD.mk": "# sd\n",
+             "llama.cpp.patches/llamafile-files/BUILD.mk": "LLAMA_SRCS_CPP := llama.cpp/src/llama.cpp\n",
+             "llama.cpp.patches/renames.sh": "#!/usr/bin/env bash\nset -euo pipefail\n"}
+    for rel, text in files.items():
+        (sup / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sup / rel).write_text(text)
+        if rel.endswith(".sh"):
+            (sup / rel).chmod(0o755)
+    cmake = (sup / "llama.cpp" / "CMakeLists.txt").read_text()
+    (sup / "llama.cpp.patches" / "patches").mkdir()
+    (sup / "llama.cpp.patches" / "patches" / "CMakeLists.txt.patch").write_bytes(make_patch_gnu(
+        {"llama.cpp/CMakeLists.txt": cmake}, {"llama.cpp/CMakeLists.txt": cmake + "# llamafile\n"}, project.tmp))
+    ugit(sup, "add", "-A")
+    ugit(sup, "commit", "-q", "-m", "make setup's folders")
+    shutil.rmtree(up)
+    project.before = snapshot(sup)
+    return sup
+
+
+def _example_bootstrap(project, sup: Path, order=lambda steps: steps) -> None:
+    import yaml
+
+    steps = yaml.safe_load((REPO / "examples" / "llamafile.yaml").read_text())["bootstrap"]
+    project.write_config(source=f"git: {sup}\nsubmodules: true", llama_cpp_dir="llama.cpp")
+    project.config_path.write_text(project.config_path.read_text()
+                                   + yaml.safe_dump({"bootstrap": order(steps)}, sort_keys=False))
+
+
+def test_the_example_bootstrap_runs_make_setup_in_its_order_offline(project) -> None:
+    """examples/llamafile.yaml's steps on a checkout as make setup leaves it: whisper.cpp first (its script
+    refuses a dirty tree), stable-diffusion.cpp's deletes its ggml (never fetched), then llama.cpp's."""
+    sup = _llamafile_setup(project)
+    _example_bootstrap(project, sup)
+    cfg = project.config
+    res = apply(cfg, trust=True)
+    room = cfg.room
+    notes = "\n".join(res.notes)
+    assert "not checked out (in no clone of your checkout): stable-diffusion.cpp/ggml" in notes
+    start = set(ugit(room, "ls-tree", "-r", "--name-only", "dcaforge/start").split())
+    assert {"whisper.cpp/BUILD.mk", "stable-diffusion.cpp/BUILD.mk", "llama.cpp/BUILD.mk"} <= start
+    assert (room / "llama.cpp/CMakeLists.txt").read_text().endswith("# llamafile\n")
+    assert "whisper.cpp/Makefile" not in start and not any(p.startswith("stable-diffusion.cpp/ggml/") for p in start)
+    project.assert_source_untouched()
+
+
+def test_the_llama_cpp_steps_first_make_whispers_setup_refuse(project) -> None:
+    """The order the example had before: llama.cpp's steps dirty the tree, whisper.cpp's script refuses it."""
+    sup = _llamafile_setup(project)
+    _example_bootstrap(project, sup, order=lambda steps: steps[2:] + steps[:2])
+    cfg = project.config
+    with pytest.raises(CommandError) as exc:
+        apply(cfg, trust=True)
+    assert "Git status is dirty" in (exc.value.details or "")
+    assert not cfg.room.exists()
+    project.assert_source_untouched()
