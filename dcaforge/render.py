@@ -332,8 +332,8 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             rep.status = "skipped"
             rep.note = f"when: {edit.when}"
             continue
-        chosen = next((c for c in edit.files if exists(c, pre)), None)
-        if chosen is None:
+        present = [c for c in edit.files if exists(c, pre)]
+        if not present:
             rep.status = "no-file"
             rep.note = "none of " + ", ".join(edit.files) + " exists"
             if not check:
@@ -342,36 +342,51 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     where=manifest.where(edit.line),
                     hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:' or 'when:'")
             continue
-        rep.file = chosen
-        full = pre + chosen
-        if full not in texts:
-            if full in outputs:
-                texts[full] = outputs[full][0].decode("utf-8")
-            else:
-                try:
-                    texts[full] = tree.read(full).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
-                                      where=manifest.where(edit.line)) from None
-            pristine[full] = texts[full]
-        text = texts[full]
+        # the candidates that exist, in order: the first in which an anchor fits is the edit's file (upstream
+        # renamed gemma4-iswa.cpp to gemma4.cpp; a tree that has both keeps the edit where its code is)
         fitted = None
-        for variant, anchor, action, count, body_spec, when, line in _variants(edit):
-            if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
-                continue
-            found = find_anchor(text, anchor)
-            lines = [text.count("\n", 0, m.start()) + 1 for m in found]
-            if len(found) == count:
-                fitted = (variant, anchor, action, count, body_spec, found, lines)
+        first: EditReport | None = None
+        for chosen in present:
+            cand = EditReport(index=edit.index, manifest_line=edit.line, action=edit.action, anchor=edit.anchor,
+                              count=edit.count, file=chosen)
+            first = first or cand
+            full = pre + chosen
+            if full not in texts:
+                if full in outputs:
+                    texts[full] = outputs[full][0].decode("utf-8")
+                else:
+                    try:
+                        texts[full] = tree.read(full).decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
+                                          where=manifest.where(edit.line)) from None
+                pristine[full] = texts[full]
+            text = texts[full]
+            for variant, anchor, action, count, body_spec, when, line in _variants(edit):
+                if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
+                    continue
+                found = find_anchor(text, anchor)
+                lines = [text.count("\n", 0, m.start()) + 1 for m in found]
+                if len(found) == count:
+                    fitted = (variant, anchor, action, count, body_spec, found, lines)
+                    break
+                if found:  # matches, but not as often as required: an error, never a reason to try the next
+                    cand.status = "ambiguous"
+                    cand.variant, cand.anchor, cand.action, cand.count = variant, anchor, action, count
+                    cand.matches, cand.match_lines = len(found), lines
+                    cand.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
+                    cand.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
+                    break
+                cand.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
+            if fitted is not None or cand.status == "ambiguous":
                 break
-            if found:  # matches, but not as often as required: an error, never a reason to try the next
-                rep.status = "ambiguous"
-                rep.variant, rep.anchor, rep.action, rep.count = variant, anchor, action, count
-                rep.matches, rep.match_lines = len(found), lines
-                rep.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
-                rep.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
-                break
-            rep.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
+        assert first is not None
+        if fitted is None and cand.status != "ambiguous":
+            cand = first  # nothing fits anywhere: reported on the first candidate that exists
+        rep = cand
+        reports[-1] = rep
+        full = pre + rep.file if rep.file else ""
+        text = texts[full]
         if fitted is None:
             if rep.status != "ambiguous":
                 rep.status = "missing"
