@@ -162,6 +162,16 @@ class TreeFacts:
         got = self.text(path, root)
         return got is not None and re.search(regex, got, re.MULTILINE) is not None
 
+    def search(self, path: str, regex: str, root: bool = False) -> str | None:
+        """The first match of the Python regex ``regex`` (MULTILINE) in the file: its first group when it
+        has one, else the whole match; None when the file is absent or nothing matches. E.g. the op count
+        of this ggml: ``tree.search('ggml/src/ggml.c', 'GGML_OP_COUNT == ([0-9]+)') | int``."""
+        got = self.text(path, root)
+        m = re.search(regex, got, re.MULTILINE) if got is not None else None
+        if m is None:
+            return None
+        return m.group(1) if m.re.groups else m.group(0)
+
     def script_builds(self, script: str, path: str, root: bool = False) -> bool:
         """The shell script ``script`` names ``path`` (both relative to llama_cpp_dir, or to the room's root
         with ``root=True``), literally or by a glob, after expanding its variables and following the
@@ -175,12 +185,13 @@ class TreeFacts:
         return scanned is not None and scanned.covers(target) is not None
 
     def __repr__(self) -> str:
-        return ("tree (has(path), contains(path, text), matches(path, regex), script_builds(script, path); "
+        return ("tree (has(path), contains(path, text), matches(path, regex), search(path, regex), script_builds(script, path); "
                 "root=True: from the room's root)")
 
 
 CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, marker, marker_comment, feature, llama_cpp_dir, "
-                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), tree.script_builds(script, path), "
+                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), tree.search(path, regex), "
+                "tree.script_builds(script, path), "
                 "each with root=True for room-relative paths)), then run the command again")
 
 

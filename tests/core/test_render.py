@@ -303,6 +303,33 @@ def test_alternatives_first_fit_wins_and_when_reads_the_tree(project) -> None:
     assert not (cfg.room / "tools/dca.sh").exists()
 
 
+
+def test_an_alternative_computes_its_text_from_the_tree(project) -> None:
+    """The op count of whatever ggml the tree has (96 on b8953, 98 on 0.3.34, 101 on 0.3.35): one alternative whose
+    text reads the count with tree.search and adds the feature's ops, instead of one alternative per count."""
+    cfg = project.config
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            anchor: '(?m)^static_assert[(]OP_COUNT == 101[)];\\n'
+            action: replace
+            text: "static_assert(OP_COUNT == 103);\\n"
+            alternatives:
+              - anchor: '(?m)^static_assert[(]OP_COUNT == [0-9]+[)];\\n'
+                text: "{% set n = tree.search('src/llama.cpp', '^static_assert[(]OP_COUNT == ([0-9]+)') | int + 2 %}static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"  # noqa: E501
+        """)
+    for count, want in ((101, "static_assert(OP_COUNT == 103);\n"), (96, "static_assert(OP_COUNT == 98); // opencoti F5 dca\n"),
+                        (98, "static_assert(OP_COUNT == 100); // opencoti F5 dca\n")):
+        other = project.tmp / f"ops-{count}"
+        (other / "src").mkdir(parents=True)
+        (other / "src/llama.cpp").write_text(f"int x;\nstatic_assert(OP_COUNT == {count});\n")
+        from dcaforge.manifest import load_manifest
+        from dcaforge.render import plan
+        from dcaforge.trees import DirTree
+
+        out = plan(cfg, DirTree(other), load_manifest(cfg.feature.templates)).outputs["src/llama.cpp"][0].decode()
+        assert out == "int x;\n" + want, (count, out)
+
 def test_alternatives_on_another_tree_and_an_alternative_inherits_the_text(project) -> None:
     cfg = project.config
     _manifest(project, DRIFT_MANIFEST)
