@@ -316,7 +316,8 @@ def test_an_alternative_computes_its_text_from_the_tree(project) -> None:
             text: "static_assert(OP_COUNT == 103);\\n"
             alternatives:
               - anchor: '(?m)^static_assert[(]OP_COUNT == [0-9]+[)];\\n'
-                text: "{% set n = tree.search('src/llama.cpp', '^static_assert[(]OP_COUNT == ([0-9]+)') | int + 2 %}static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"  # noqa: E501
+                text: "{% set n = tree.search('src/llama.cpp', '^static_assert[(]OP_COUNT == ([0-9]+)') | int + 2 %}\
+static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"
         """)
     for count, want in ((101, "static_assert(OP_COUNT == 103);\n"), (96, "static_assert(OP_COUNT == 98); // opencoti F5 dca\n"),
                         (98, "static_assert(OP_COUNT == 100); // opencoti F5 dca\n")):
