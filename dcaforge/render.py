@@ -25,10 +25,11 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from . import confine, sandbox, shellscan
-from .cleanroom import Room, locked, write_atomic
+from .blame import attribute
+from .cleanroom import START_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import status_porcelain
+from .git import rev_parse, status_porcelain
 from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
 from .trees import GitTree, Tree, baseline_commit
 
@@ -492,6 +493,8 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         p = plan(cfg, tree, manifest)
     except DcaforgeError as exc:
         room.update_state(render_error=exc.message)  # capture refuses a room whose render stopped
+        if isinstance(exc, MismatchError):
+            _name_the_patch(cfg, room, tree, manifest, exc)
         raise
     state = room.load_state()
     previous_paths = set(state.get("rendered") or {})
@@ -537,6 +540,31 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
     room.update_state(rendered=new_hashes, rendering=None, render_error=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
+
+
+def _name_the_patch(cfg: Config, room: Room, tree: Tree, manifest: Manifest, exc: MismatchError) -> None:
+    """An anchor that does not fit a file the series changed: add which patch changed it (and which last
+    changed the anchor's closest line) to the error, so the report names patch, file and anchor."""
+    try:
+        reports = plan(cfg, tree, manifest, check=True).edits
+    except DcaforgeError:
+        return
+    bad = next((r for r in reports if r.status in ("missing", "ambiguous") and r.file), None)
+    start = rev_parse(room.path, START_TAG)
+    base = baseline_commit(room)
+    if bad is None or bad.file is None or start is None:
+        return
+    full = ("" if manifest.edits[bad.index].base == "room" else cfg.llama_prefix) + bad.file
+    line = None
+    if bad.closest:
+        head = bad.closest[0].split(":", 1)[0]
+        line = int(head) if head.isdigit() else None
+    who = attribute(room.path, start, base, full, line)
+    exc.details = ((exc.details or "").rstrip("\n") + "\n" + who.describe()).lstrip("\n")
+    if who.patches:
+        culprit = who.line_patch or who.patches[-1]
+        exc.hint = (f"the patch {culprit} of the series changed {full} where edit #{bad.index} anchors: fix that patch, "
+                    "or " + (exc.hint or "adjust the anchor"))
 
 
 def render(cfg: Config, *, force: bool = False) -> RenderResult:
