@@ -63,13 +63,13 @@ def _text(p: Path) -> str | None:
         return None
 
 
-def _files(root: Path) -> set[str]:
+def _files(root: Path, include: tuple[str, ...] = INCLUDE) -> set[str]:
     out = set()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames:
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-            if rel.startswith(INCLUDE):
+            if rel.startswith(include):
                 out.add(rel)
     return out
 
@@ -117,13 +117,18 @@ def _stages(old: str, new: str, tmp: Path) -> list[str]:
     return out
 
 
-def steps_between(old_root: Path, new_root: Path, tmp: Path,
-                  break_anchor: tuple[str, str, str] | None = None) -> list[Step]:
+def steps_between(old_root: Path, new_root: Path, tmp: Path, break_anchor: tuple[str, str, str] | None = None,
+                  exclude: re.Pattern[str] | None = None, deletions: bool = True,
+                  include: tuple[str, ...] = INCLUDE) -> list[Step]:
     steps: list[Step] = []
-    for rel in sorted(_files(old_root) | _files(new_root)):
+    for rel in sorted(_files(old_root, include) | _files(new_root, include)):
+        if exclude is not None and exclude.search(rel):
+            continue
         old, new = _text(old_root / rel), _text(new_root / rel)
         if old == new or (old is None and (old_root / rel).exists()) or (new is None and (new_root / rel).exists()):
             continue  # unchanged, or binary
+        if new is None and not deletions:
+            continue
         texts: list[str | None] = _stages(old, new, tmp) if rel in HOT and old is not None and new is not None else [new]
         if break_anchor and rel == break_anchor[0]:
             last = texts[-1]
@@ -146,12 +151,15 @@ def _slug(path: str) -> str:
 
 
 def make_series(old_root: Path, new_root: Path, out: Path, *, prefix: str = "", n: int = N_PATCHES,
-                break_anchor: tuple[str, str, str] | None = None) -> list[Path]:
-    """Write the series into ``out`` (``prefix``: the paths' folder in the tree, e.g. ``llama.cpp/``)."""
+                break_anchor: tuple[str, str, str] | None = None, exclude: re.Pattern[str] | None = None,
+                deletions: bool = True, include: tuple[str, ...] = INCLUDE) -> list[Path]:
+    """Write the series into ``out`` (``prefix``: the paths' folder in the tree, e.g. ``llama.cpp/``; ``exclude``:
+    paths left out, e.g. those llamafile's own patches change; ``deletions=False``: no file is deleted, e.g. for a
+    tree whose make lists name every source; ``include``: the folders read, :data:`INCLUDE` by default)."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        steps = steps_between(old_root, new_root, tmp, break_anchor)
+        steps = steps_between(old_root, new_root, tmp, break_anchor, exclude, deletions, include)
         assert len(steps) >= n, f"only {len(steps)} changes between the trees"
         repo = tmp / "repo"
         repo.mkdir()
