@@ -4,7 +4,9 @@ into a checkout as the user has it (``make setup`` run in it), a 77-patch series
 history, then with examples/llamafile.yaml (pointed at that checkout): apply -> render --check -> capture -> verify
 (--fresh-render --gnu) -> build --dry-run --cuda, inside a network namespace without network (``unshare -rn``;
 without it, through a proxy that refuses every connection). Results (exit codes, counts, seconds) in
-``WORK/results.json`` and on stdout; docs/llamafile.md quotes them.
+``WORK/results.json`` and on stdout; docs/llamafile.md quotes them. Then (unless ``--no-compile``) each C++ unit
+0078 adds is compiled with g++ and the dry run's make flags, and the CUDA units it adds or edits with nvcc (sm_86)
+and the flags the real GPU script hands nvcc for them: llamafile's own patches and the series included.
 
     python3 bench/realtree.py --mirrors /work/.mirror --work /tmp/realtree [--pin b8953] [--pin b10454]
 
@@ -280,11 +282,60 @@ def run_chain(cfg: Path, co: Path, log: dict) -> bool:
     return ok and log["checkout_untouched"]
 
 
+CUDA_UNITS = ("fattn-lse.cu", "fattn-lse-merge.cu", "fattn.cu", "ggml-cuda.cu",
+              "fattn-mma-f16-instance-ncols1_1-ncols2_8.cu", "fattn-wmma-f16.cu")
+
+
+def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = None) -> bool:
+    """Past the chain: each C++ unit 0078 adds, with g++ and exactly the flags the dry run's make -n gives it
+    (cosmocc's own left out), and the CUDA units it adds or edits with nvcc and exactly the flags the real GPU
+    script hands nvcc for them (sm_86 only: one architecture is the check, not the library)."""
+    from dcaforge import dryrun
+    from dcaforge.build import dry_run
+    from dcaforge.config import parse_config
+
+    config = parse_config(cfg)
+    rep = dry_run(config, cuda=True)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {}
+    for src, argv in rep.compiles.items():
+        args = dryrun.host_compile_args(dryrun.Command(argv=argv, output=None, sources=[src]), src,
+                                        str(out / (Path(src).name + ".o")))
+        t0 = time.monotonic()
+        p = subprocess.run(args, cwd=config.room, capture_output=True, text=True, check=False)
+        res[src] = {"g++": p.returncode, "seconds": round(time.monotonic() - t0, 1)}
+        if p.returncode:
+            res[src]["tail"] = p.stderr.strip().splitlines()[-10:]
+    nvcc = shutil.which("nvcc")
+    for unit in CUDA_UNITS if nvcc else ():
+        call = next((c for c in rep.nvcc_calls if any(a.endswith("/" + unit) for a in c)), None)
+        if call is None:
+            continue
+        src = next(a for a in call if a.endswith("/" + unit))
+        args = [a for a in dryrun.nvcc_compile_args(call, src, str(out / (unit + ".o"))) if not a.startswith("arch=")
+                and a != "-gencode"]
+        t0 = time.monotonic()
+        extra = [f"-I{cuda_include}"] if cuda_include else []  # cuBLAS headers (b10454 runs without llamafile's TinyBLAS patch)
+        p = subprocess.run([nvcc, "-gencode", "arch=compute_86,code=sm_86", *extra, *args], cwd=config.room, capture_output=True,
+                           text=True, check=False)
+        res[unit] = {"nvcc sm_86": p.returncode, "seconds": round(time.monotonic() - t0, 1)}
+        if p.returncode:
+            res[unit]["tail"] = p.stderr.strip().splitlines()[-10:]
+    log["compile"] = res
+    bad = [k for k, v in res.items() if any(isinstance(x, int) and x != 0 for key, x in v.items() if key != "seconds")]
+    print(f"  compile (g++ {len(rep.compiles)} units, nvcc {sum(1 for k in res if k.endswith('.cu'))} units sm_86)"
+          f"    {'ok' if not bad else 'FAILED: ' + ', '.join(bad)}")
+    return not bad
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/realtree"))
     ap.add_argument("--pin", action="append", choices=sorted(PINS))
+    ap.add_argument("--no-compile", action="store_true", help="skip the g++/nvcc compile of the units 0078 touches")
+    ap.add_argument("--cuda-include", type=Path, help="a folder with cuBLAS headers (cublas_v2.h) when the toolkit has none, "
+                    "e.g. from the nvidia-cublas wheel (tests/e2e/test_e2e_cuda_compile.py's cuda_stubs)")
     args = ap.parse_args(argv)
     results: dict = {}
     ok = True
@@ -302,7 +353,10 @@ def main(argv: list[str]) -> int:
         log["prepare_seconds"] = round(time.monotonic() - t0, 1)
         cfg = make_config(co, work, pin, series)
         print(f"  make setup exit {log['make_setup']['exit']}; series {n} patches; config {cfg}")
-        ok &= run_chain(cfg, co, log)
+        chain_ok = run_chain(cfg, co, log)
+        ok &= chain_ok
+        if chain_ok and not args.no_compile:
+            ok &= compile_units(cfg, work / "objects", log, args.cuda_include)
         results[pin] = log
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"results: {args.work / 'results.json'}")
