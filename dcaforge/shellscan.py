@@ -77,10 +77,16 @@ class Word:
     source: str  # the word as written (quotes removed)
 
 
-def _subst_end(text: str, i: int) -> int:
+#: how deep ``$(`` and ``"`` may nest before the rest of the file is taken as one piece (a hostile script)
+MAX_NESTING = 64
+
+
+def _subst_end(text: str, i: int, depth_in: int = 0) -> int:
     """The index after the ``)`` closing a ``$(`` whose body starts at ``i`` (quotes, escapes and
     nested substitutions skipped)."""
     n = len(text)
+    if depth_in > MAX_NESTING:
+        return n
     depth = 1
     while i < n:
         c = text[i]
@@ -92,10 +98,10 @@ def _subst_end(text: str, i: int) -> int:
             i = j + 1 if j >= 0 else n
             continue
         if c == '"':
-            i = _dq_end(text, i + 1)
+            i = _dq_end(text, i + 1, depth_in + 1)
             continue
         if text.startswith("$(", i):
-            i = _subst_end(text, i + 2)
+            i = _subst_end(text, i + 2, depth_in + 1)
             continue
         if c == "(":
             depth += 1
@@ -107,9 +113,11 @@ def _subst_end(text: str, i: int) -> int:
     return n
 
 
-def _dq_end(text: str, i: int) -> int:
+def _dq_end(text: str, i: int, depth_in: int = 0) -> int:
     """The index after the ``"`` closing a double-quoted string whose body starts at ``i``."""
     n = len(text)
+    if depth_in > MAX_NESTING:
+        return n
     while i < n:
         c = text[i]
         if c == "\\":
@@ -118,7 +126,7 @@ def _dq_end(text: str, i: int) -> int:
         if c == '"':
             return i + 1
         if text.startswith("$(", i):
-            i = _subst_end(text, i + 2)
+            i = _subst_end(text, i + 2, depth_in + 1)
             continue
         i += 1
     return n

@@ -297,3 +297,18 @@ def test_drift_classifies_each_misfit_from_the_pristine_file(tmp_path: Path) -> 
                                                                "needs the upstream change that adds it")
     assert by[2].kind == "absent" and "this tree has src/models/gemma3-iswa.cpp" in by[2].reason
     assert by[3].kind == "drifted" and by[3].reason.startswith("the anchor fits src/graph-attn.cpp instead")
+
+
+def test_a_hostile_script_is_read_in_bounded_time(tmp_path: Path) -> None:
+    """Nesting, variable bombs, self-references and a source loop: read without an error, in bounded time."""
+    import time
+
+    cfg = _config(tmp_path)
+    bomb = "".join(f"V{i}=$V{i - 1}/a\nV{i}=$V{i - 1}/b\n" for i in range(1, 40)) + "V0=x\nA=$A$A\n"
+    script = ("#!/bin/sh\n" + "echo \"$(" * 5000 + "\n" + ")\"" * 5000 + "\n" + bomb
+              + "source llamafile/cuda.sh\nfor f in $V39/*.cu; do :; done\n" + "X=\"$(cd \"$(" * 300 + "\n")
+    tree = _llamafile(tmp_path, script=script)
+    t0 = time.monotonic()
+    rows = _rows(check_wiring(cfg, tree, NEW))
+    assert time.monotonic() - t0 < 10
+    assert rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"][0] == "unbuilt"
