@@ -137,8 +137,13 @@ def build_library(tree: Path, work: Path, jobs: int, archs: str, budget: float) 
     home = work / "home"
     home.mkdir(parents=True, exist_ok=True)
     out = work / "ggml-cuda.so"
+    # -lcuda at link time: the toolkit's stub when the driver has no libcuda.so link (the library loads the driver's
+    # libcuda.so.1 at run time either way)
+    stubs = [str(d) for d in sorted(Path("/usr/local").glob("cuda*/lib64/stubs"))
+             + sorted(Path("/usr/local").glob("cuda*/targets/*/lib/stubs"))]
+    lib_path = ":".join([*stubs, os.environ.get("LIBRARY_PATH", "")]).strip(":")
     code, log = sh(["bash", str(run_script), f"-j{jobs}", "--output", str(out)], tree,
-                   env={"HOME": str(home), "CUDA_PATH": cuda_path}, timeout=budget)
+                   env={"HOME": str(home), "CUDA_PATH": cuda_path, "LIBRARY_PATH": lib_path}, timeout=budget)
     (work / "cuda-sh.log").write_text(log)
     if code == 124:  # stopped mid-compile: an object written in the last half minute may be cut short; made again
         build = home / ".cache" / "llamafile-cuda-build"
