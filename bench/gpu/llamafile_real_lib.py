@@ -25,7 +25,9 @@ double-precision reference (bench/gpu/lse_dlopen.cpp).
 4. ``lse_dlopen ggml-cuda.so``: dlopen + dlsym as llamafile/cuda.c's LinkCuda(), ggml_backend_register, then the
    DCA step on the GPU and the CPU, each against the reference (O NMSE < 5e-4, LSE RMS < 3e-3).
 
-Writes ``results.json`` in the folder; exit 0 when every check passed, 3 when the budget ran out (run again).
+Everything it makes goes to ``FOLDER-build`` beside the carried folder (kept between calls on a warm machine, so a
+second call resumes); ``results.json`` there (and in ``$OUT`` when set); exit 0 when every check passed, 3 when the
+budget ran out (run the same command again).
 """
 
 from __future__ import annotations
@@ -182,11 +184,14 @@ def main(argv: list[str]) -> int:
         pack(args.room, args.out)
         return 0
     t0 = time.monotonic()
-    folder = args.folder.resolve()
+    # the carried folder holds only the tarball; everything made goes beside it, in FOLDER-build, which the device
+    # keeps between calls of a warm machine (carrying FOLDER again replaces FOLDER only): the build resumes there
+    folder = args.folder.resolve().parent / (args.folder.resolve().name + "-build")
+    folder.mkdir(parents=True, exist_ok=True)
     tree = folder / "tree"
     if not tree.is_dir():
         tree.mkdir()
-        with tarfile.open(folder / "tree.tar.gz") as tar:
+        with tarfile.open(args.folder.resolve() / "tree.tar.gz") as tar:
             tar.extractall(tree, filter="data")
     results: dict = {}
     exe, how = build_host(tree, folder, args.jobs)
@@ -217,6 +222,9 @@ def main(argv: list[str]) -> int:
     ok = (code == 0 and all(results["checks"]["exports"].values()) and not results["checks"]["undefined_ggml_cuda"])
     results["ok"] = ok
     (folder / "results.json").write_text(json.dumps(results, indent=1))
+    if os.environ.get("OUT"):  # the device machine's folder that comes back
+        shutil.copy(folder / "results.json", Path(os.environ["OUT"]) / "results.json")
+        shutil.copy(folder / "cuda-sh.log", Path(os.environ["OUT"]) / "cuda-sh.log")
     print("ok: the library llamafile's script builds loads as llamafile loads it and runs DCA's ops" if ok else "FAILED")
     return 0 if ok else 1
 
