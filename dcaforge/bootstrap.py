@@ -1,9 +1,13 @@
 """Making the clean room's start tree: submodules, then the ``bootstrap:`` steps.
 
-Submodules of a local checkout are cloned from the checkout's own submodule repositories
-(``.git/modules/<name>``) when they hold the pinned commit, so a llamafile checkout whose
-``.gitmodules`` names GitHub is made into a room offline, in seconds, and without sharing a
-file with the user's repositories (``file://`` clones copy objects, never hardlink them).
+Submodules of a local checkout are cloned from the checkout's own submodule repositories (the
+submodule's ``.git`` file, else ``.git/modules/<name>``; nested ones from their parent's
+``modules/<name>``, which keeps the clone after its work tree was deleted) when they hold the
+pinned commit, so a llamafile checkout whose ``.gitmodules`` names GitHub is made into a room
+offline, in seconds, and without sharing a file with the user's repositories (``file://`` clones
+copy objects, never hardlink them). A submodule no clone of the checkout holds is never fetched
+from its URL: it is left out, which is right when the bootstrap deletes it (llamafile's setup
+deletes ``stable-diffusion.cpp/ggml``) and an error naming the cause otherwise.
 
 Bootstrap steps run in the new room (its root) after checkout and flattening, before the series:
 a shell string, an argv list, or ``{patches: FOLDER}``: every ``*.patch`` in that folder of the
@@ -18,6 +22,7 @@ the baseline and every reset room hold exactly what the steps made.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +30,7 @@ from pathlib import Path
 from . import confine
 from .config import BootstrapStep, Config
 from .errors import CommandError, ConfigError, MismatchError
-from .git import git, git_out, patch_cmd, run
+from .git import CheckoutInfo, git, git_out, patch_cmd, run
 from .patchfile import gnu_failure, gnu_names, load_patch, read_patch
 
 BOOTSTRAP_MESSAGE = "dcaforge: bootstrap"
@@ -52,17 +57,16 @@ def _gitlink(repo: Path, path: str) -> str | None:
     return m.group(1) if m else None
 
 
-def local_module_dir(checkout: Path, path: str) -> Path | None:
-    """The git directory of the user's own clone of the submodule at ``path`` of ``checkout``
-    (read from its ``.git`` file, never by running git there), or None."""
-    dotgit = checkout / path / ".git"
-    if dotgit.is_dir() and not dotgit.is_symlink():
-        gitdir = dotgit
-    elif dotgit.is_file():
-        text = dotgit.read_text(encoding="utf-8", errors="replace").strip()
+def _read_gitdir(path: Path) -> Path | None:
+    """The git directory a work tree's ``.git`` (a folder, or a ``gitdir:`` file) names, read as data
+    (never by running git there), when it looks like a repository."""
+    if path.is_dir() and not path.is_symlink():
+        gitdir = path
+    elif path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
         if not text.startswith("gitdir:"):
             return None
-        gitdir = (checkout / path / text[len("gitdir:"):].strip()).resolve()
+        gitdir = (path.parent / text[len("gitdir:"):].strip()).resolve()
     else:
         return None
     if (gitdir / "HEAD").is_file() and (gitdir / "objects").is_dir():
@@ -70,48 +74,151 @@ def local_module_dir(checkout: Path, path: str) -> Path | None:
     return None
 
 
+def local_module_dir(checkout: Path, path: str) -> Path | None:
+    """The git directory of the user's own clone of the submodule at ``path`` of ``checkout``
+    (read from its ``.git`` file, never by running git there), or None."""
+    return _read_gitdir(checkout / path / ".git")
+
+
 def _has_commit(gitdir: Path, commit: str) -> bool:
-    return git(gitdir, "--git-dir", str(gitdir), "cat-file", "-e", f"{commit}^{{commit}}", check=False).ok
+    # --work-tree: a submodule's clone records its work tree (core.worktree), which may be deleted
+    return git(gitdir, "--git-dir", str(gitdir), "--work-tree", str(gitdir), "cat-file", "-e", f"{commit}^{{commit}}",
+               check=False).ok
+
+
+@dataclass(frozen=True)
+class LocalModules:
+    """Where the user's clones of the submodules at one level live: the parent's work tree in the
+    checkout (its submodules' ``.git`` files) and the parent's git directories (their ``modules/``
+    folders, which keep a clone after its work tree was deleted, e.g. by llamafile's setup)."""
+
+    worktree: Path | None
+    gitdirs: tuple[Path, ...]
+
+    def candidates(self, name: str, path: str) -> list[Path]:
+        out: list[Path] = []
+        if self.worktree is not None:
+            out.append(self.worktree / path / ".git")
+        out += [d / "modules" / name for d in self.gitdirs]
+        return out
+
+    def find(self, name: str, path: str, commit: str) -> Path | None:
+        for cand in self.candidates(name, path):
+            gitdir = _read_gitdir(cand)
+            if gitdir is not None and _has_commit(gitdir, commit):
+                return gitdir
+        return None
+
+
+@dataclass(frozen=True)
+class AbsentModule:
+    """A submodule whose pinned commit no clone in the user's checkout holds: not checked out (a room
+    of a local checkout is made offline); fine when the bootstrap deletes its folder."""
+
+    path: str
+    commit: str
+    url: str
+    looked_in: tuple[str, ...]
 
 
 @dataclass
 class SubmoduleReport:
-    paths: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)      # checked out, parents before their submodules
     local: dict[str, str] = field(default_factory=dict)  # path -> the user's module repository used
+    absent: list[AbsentModule] = field(default_factory=list)  # left out: no local clone holds the commit
+    listed: set[str] = field(default_factory=set)       # entries of an explicit list that were found
+    declared: set[str] = field(default_factory=set)     # every submodule of the levels visited
 
 
-def init_submodules(room: Path, paths: list[str], checkout: Path | None, report: SubmoduleReport,
-                    prefix: str = "") -> None:
-    """``git submodule update --init`` in ``room`` (``paths``: all when empty), recursively, with
-    each submodule fetched from ``checkout``'s own clone of it when that clone has the pinned
-    commit (else from the URL in .gitmodules)."""
+def _proxy(gitdir: Path, scratch: Path, key: str) -> Path:
+    """A bare repository in ``scratch`` that borrows the objects of the user's clone ``gitdir``
+    (``objects/info/alternates``, read only) and copies its branches and tags: the room's submodule
+    is cloned from it. Cloning the user's clone itself would make git's upload-pack change into
+    the work tree that clone records (``core.worktree``), which llamafile's setup may have deleted
+    (``stable-diffusion.cpp/ggml``); nothing is written in the user's repository either way."""
+    proxy = scratch / (re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".git")
+    scratch.mkdir(parents=True, exist_ok=True)
+    git(scratch, "init", "-q", "--bare", str(proxy))
+    (proxy / "objects" / "info" / "alternates").write_text(str(gitdir / "objects") + "\n")
+    refs = git(gitdir, "--git-dir", str(gitdir), "--work-tree", str(gitdir), "for-each-ref",
+               "--format=%(objectname) %(refname)", "refs/heads", "refs/tags").stdout
+    lines = "".join(f"update {ref} {oid}\n" for oid, _, ref in (ln.partition(" ") for ln in refs.splitlines()) if ref)
+    if lines:
+        git(proxy, "--git-dir", str(proxy), "update-ref", "--stdin", input=lines.encode())
+    return proxy
+
+
+def checkout_modules(checkout: CheckoutInfo | None) -> LocalModules | None:
+    """Where the top-level submodules of a local checkout have their clones."""
+    if checkout is None:
+        return None
+    dirs = tuple(dict.fromkeys(d for d in (checkout.git_dir, checkout.common_dir) if d is not None))
+    return LocalModules(worktree=checkout.toplevel, gitdirs=dirs)
+
+
+def init_submodules(room: Path, paths: list[str] | None, local: LocalModules | None, report: SubmoduleReport,
+                    scratch: Path, prefix: str = "") -> None:
+    """Check out the submodules of ``room`` (``paths``: an explicit list of full paths, nested ones
+    as ``parent/path``; None: every one, recursively).
+
+    From a local checkout (``local``), each comes from the checkout's own clone of it (its work
+    tree's ``.git`` file, else the parent's ``modules/<name>``) when that holds the pinned commit;
+    one that no clone holds is not checked out but recorded in ``report.absent`` (offline: never
+    fetched from its URL). From a URL source, each comes from the URL in .gitmodules. ``scratch``: a
+    folder for the stand-in repositories of :func:`_proxy` (the caller removes it)."""
     declared = _gitmodules(room)
-    if not declared:
-        return
-    chosen = [(n, p) for n, p in declared if not paths or p in paths]
-    unknown = [p for p in paths if p not in {p2 for _n, p2 in declared}]
-    if unknown and not prefix:
-        raise ConfigError(f"source.submodules names {', '.join(unknown)}, which .gitmodules does not declare",
-                          where="source.submodules",
-                          hint="declared: " + ", ".join(p for _n, p in declared))
+    chosen = [(n, p) for n, p in declared if paths is None or prefix + p in paths]
+    report.declared |= {prefix + p for _n, p in declared}
+    report.listed |= {prefix + p for _n, p in chosen}
     if not chosen:
         return
     git(room, "submodule", "init", "--", *[p for _n, p in chosen],
         hint="check the submodules' entries (url, update) in the source's .gitmodules; the clean room was not created")
+    fetch: list[tuple[str, str]] = []
+    found: dict[str, Path] = {}
     for name, path in chosen:
         commit = _gitlink(room, path)
-        if checkout is None or commit is None:
+        if local is None or commit is None:
+            fetch.append((name, path))
             continue
-        local = local_module_dir(checkout, path)
-        if local is not None and _has_commit(local, commit):
-            git(room, "config", f"submodule.{name}.url", local.as_uri())
-            report.local[prefix + path] = str(local)
-    git(room, "submodule", "update", "--", *[p for _n, p in chosen],
-        hint="check the submodules' URLs in .gitmodules (and that the pinned commits exist there)")
-    for _name, path in chosen:
+        gitdir = local.find(name, path, commit)
+        if gitdir is None:
+            url = git(room, "config", "-f", ".gitmodules", f"submodule.{name}.url", check=False).stdout.strip()
+            report.absent.append(AbsentModule(prefix + path, commit, url,
+                                              tuple(str(c) for c in local.candidates(name, path))))
+            continue
+        git(room, "config", f"submodule.{name}.url", _proxy(gitdir, scratch, prefix + path).as_uri())
+        report.local[prefix + path] = str(gitdir)
+        found[path] = gitdir
+        fetch.append((name, path))
+    if not fetch:
+        return
+    git(room, "submodule", "update", "--", *[p for _n, p in fetch],
+        hint="check the submodules' URLs in .gitmodules (and that the pinned commits exist there): from a URL source "
+             "they are fetched from there; a source that is a local checkout uses its own clones, offline")
+    for _name, path in fetch:
         report.paths.append(prefix + path)
-        init_submodules(room / path, [], checkout / path if checkout is not None else None, report,
-                        prefix=f"{prefix}{path}/")
+        sub_local = None
+        if local is not None:
+            sub_local = LocalModules(worktree=local.worktree / path if local.worktree is not None else None,
+                                     gitdirs=(found[path],) if path in found else ())
+        init_submodules(room / path, paths, sub_local, report, scratch, prefix=f"{prefix}{path}/")
+
+
+def absent_error(absent: list[AbsentModule], checkout: Path | None, why: str) -> ConfigError:
+    """The error for submodules no clone of the checkout holds (after the bootstrap left their folders)."""
+    first = absent[0]
+    parent = first.path.split("/", 1)[0]
+    details = "\n".join(f"{a.path}: commit {a.commit} (url {a.url or '?'}); looked in " + ", ".join(a.looked_in)
+                         for a in absent)
+    top = shlex.quote(str(checkout)) if checkout else "<your checkout>"
+    return ConfigError(
+        f"submodule{'s' if len(absent) > 1 else ''} {', '.join(a.path for a in absent)}: the pinned commit is in no "
+        f"clone of your checkout (a room of a local checkout is made offline, never from the URL) {why}",
+        where="source.submodules", details=details,
+        hint=f"check it out in your checkout (`git -C {top} submodule update --init --recursive {shlex.quote(parent)}`) "
+             "and run apply again, or leave it out: list the submodules the room needs (source.submodules: [path, "
+             "...]; a listed submodule's own submodules are left out unless listed as parent/path)")
 
 
 # --- bootstrap ----------------------------------------------------------------------------

@@ -779,6 +779,7 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
     object be on the link line of each of ``programs`` (archives on it included); with ``cuda``
     the GPU library script runs with a recording nvcc and must hand it every added .cu file."""
     from . import dryrun
+    from .capture import check_whole
     from .wiring import check_room
 
     if cfg.build.backend != "llamafile":
@@ -792,8 +793,10 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
         base = rev_parse(room.path, BASELINE_TAG)
         if base is None:
             raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="`dcaforge apply --continue`")
+        # an unrendered room would pass (the feature adds no file there): refused as capture refuses it
+        state = check_whole(cfg, room, "nothing checked by the dry run", "`dcaforge build --dry-run`")
         tree = room.path
-        rendered = sorted((room.load_state().get("rendered") or {}).keys())
+        rendered = sorted((state.get("rendered") or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)
         scratch = room.meta / "dry-run"
         if scratch.exists():

@@ -33,9 +33,10 @@ class CaptureResult:
     bookkeeping_skipped: bool = False  # configured, but -o wrote the patch outside the series
 
 
-def check_whole(cfg: Config, room: Room) -> dict:
+def check_whole(cfg: Config, room: Room, done: str = "nothing captured", then: str = "capture") -> dict:
     """The room must be "series applied and feature rendered": what capture writes is then the
-    feature, not a half-made tree. Returns the room's state."""
+    feature, not a half-made tree. Returns the room's state. ``done``/``then``: the message's start and the
+    command to run after the fix (``build --dry-run`` refuses such a room the same way)."""
     state = room.load_state()
     phase = state.get("phase")
     if phase != "applied":
@@ -43,18 +44,18 @@ def check_whole(cfg: Config, room: Room) -> dict:
                 "interrupted": "an apply was interrupted", "applying": "an apply was interrupted",
                 "resetting": "a reset was interrupted", "created": "the series is not applied yet"}.get(
                     phase or "", f"the clean room is not fully applied ({phase})")
-        raise DcaforgeError(f"nothing captured: {what}", where=str(room.path),
-                            hint="`dcaforge apply --continue` finishes it; then capture")
+        raise DcaforgeError(f"{done}: {what}", where=str(room.path),
+                            hint=f"`dcaforge apply --continue` finishes it; then {then}")
     if state.get("render_error"):
-        raise DcaforgeError(f"nothing captured: the last render stopped ({state['render_error']})", where=str(room.path),
+        raise DcaforgeError(f"{done}: the last render stopped ({state['render_error']})", where=str(room.path),
                             hint="fix the templates (`dcaforge render --check` shows what does not fit), run "
-                                 "`dcaforge render`, then capture")
+                                 f"`dcaforge render`, then {then}")
     if state.get("rendering"):
-        raise DcaforgeError("nothing captured: the last render was interrupted", where=str(room.path),
-                            hint="`dcaforge render` (or `dcaforge apply --continue`) renders it again; then capture")
+        raise DcaforgeError(f"{done}: the last render was interrupted", where=str(room.path),
+                            hint=f"`dcaforge render` (or `dcaforge apply --continue`) renders it again; then {then}")
     if (cfg.feature.templates / "manifest.yaml").is_file() and state.get("rendered") is None:
-        raise DcaforgeError("nothing captured: the feature is not rendered in the clean room", where=str(room.path),
-                            hint="`dcaforge render` (or `dcaforge apply`), then capture")
+        raise DcaforgeError(f"{done}: the feature is not rendered in the clean room", where=str(room.path),
+                            hint=f"`dcaforge render` (or `dcaforge apply`), then {then}")
     return state
 
 

@@ -6,10 +6,11 @@ the build would compile and link.
   folder of small scripts named like cosmocc's binaries; under ``-n`` make runs none of them except
   ``mkdeps``, which remakes the included ``o//depend``). The printed commands give, per object,
   its compile command, and per archive and program, its ``ar``/link command.
-- :func:`script_dry_run`: the GPU library script run with a stand-in ``nvcc`` first on PATH that
-  records its arguments and writes an empty output. The script must find nvcc on PATH (llamafile's
-  ``build/cudacc`` does); the recorded flags are what :func:`nvcc_compile_args` reuses to compile
-  single translation units with the real nvcc.
+- :func:`script_dry_run`: the GPU library script run with a stand-in ``nvcc`` (first on PATH, as
+  ``$CUDACXX`` and as ``$CUDA_PATH/bin/nvcc``, where llamafile 0.10.x's cuda.sh looks) that records
+  its arguments and writes an empty output; gcc/g++ (which 0.10.x's script calls for ggml's core) are
+  stand-ins too and ``HOME`` is the scratch folder (it builds in ``$HOME/.cache``). The recorded
+  flags are what :func:`nvcc_compile_args` reuses to compile single translation units with the real nvcc.
 - :func:`host_compile_args`: a cosmocc compile command as the host's gcc/g++ takes it (cosmocc's
   own flags such as ``-mcosmo`` dropped), to compile a translation unit with the dry run's flags.
 
@@ -162,35 +163,61 @@ def object_of(dry: MakeDryRun, source: str) -> str | None:
 @dataclass
 class ScriptDryRun:
     argv: list[str]
-    calls: list[dict]  # {tool, cwd, argv} of each nvcc call
+    calls: list[dict]  # {tool, cwd, argv} of each nvcc (and host compiler) call
     output: str
+    tree: Path | None = None
 
     def nvcc_calls(self) -> list[list[str]]:
         return [c["argv"] for c in self.calls if c["tool"] == "nvcc"]
 
     def sources(self) -> list[str]:
-        """Every .cu the script hands nvcc (relative to the tree when it ran there)."""
-        return [a for call in self.nvcc_calls() for a in call if a.endswith(".cu") and not a.startswith("-")]
+        """Every .cu the script hands nvcc, relative to the tree (llamafile 0.10.x's script names them by
+        absolute paths, "$SCRIPT_DIR/../llama.cpp/...")."""
+        out = []
+        for c in self.calls:
+            if c["tool"] != "nvcc":
+                continue
+            for a in c["argv"]:
+                if not a.endswith(".cu") or a.startswith("-"):
+                    continue
+                full = os.path.normpath(os.path.join(c.get("cwd") or "", a))
+                if self.tree is not None and os.path.isabs(full):
+                    root = os.path.realpath(self.tree)
+                    real = os.path.realpath(full)
+                    full = os.path.relpath(real, root) if real.startswith(root + os.sep) else full
+                out.append(full)
+        return out
+
+
+#: stand-ins the GPU script finds: nvcc (first on PATH, $CUDACXX and $CUDA_PATH/bin) and the host
+#: compilers and strip (llamafile 0.10.x's script compiles ggml's core with gcc/g++ itself)
+SCRIPT_TOOLS = ("nvcc", "gcc", "g++", "cc", "c++", "strip")
 
 
 def script_dry_run(tree: Path, script: str, args: list[str], scratch: Path,
                    env: dict[str, str] | None = None) -> ScriptDryRun:
-    """Run the GPU library script with a recording ``nvcc`` first on PATH (and ``CUDACXX`` pointing
-    at it); the script itself runs for real, nvcc does not."""
+    """Run the GPU library script with recording stand-ins (:data:`SCRIPT_TOOLS`) first on PATH, as
+    ``$CUDACXX`` and as ``$CUDA_PATH/bin/nvcc``, and ``HOME`` in ``scratch`` (0.10.x's script builds in
+    ``$HOME/.cache``); the script itself runs for real, no compiler does."""
     log = scratch / "nvcc-calls.jsonl"
     if log.exists():
         log.unlink()
-    bin_dir = write_recorders(scratch / "bin", ("nvcc",), log)
+    bin_dir = write_recorders(scratch / "bin", SCRIPT_TOOLS, log)
+    cuda = scratch / "cuda"
+    write_recorders(cuda / "bin", ("nvcc",), log)
+    home = scratch / "home"
+    home.mkdir(parents=True, exist_ok=True)
     path = tree / script
     argv = [str(path)] if os.access(path, os.X_OK) else ["sh", str(path)]
     argv += args
-    full_env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "CUDACXX": str(bin_dir / "nvcc"), **(env or {})}
+    full_env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "CUDACXX": str(bin_dir / "nvcc"),
+                "CUDA_PATH": str(cuda), "HOME": str(home), **(env or {})}
     res = run(argv, tree, check=False, what=f"{script} (dry run)", env=full_env)
     if not res.ok:
         raise CommandError(f"{script} failed with the stand-in nvcc (exit {res.returncode})", where=str(path),
                            details="\n".join((res.stderr or res.stdout).strip().splitlines()[-15:]))
     calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    return ScriptDryRun(argv=argv, calls=calls, output=res.stdout + res.stderr)
+    return ScriptDryRun(argv=argv, calls=calls, output=res.stdout + res.stderr, tree=tree)
 
 
 def nvcc_compile_args(call: list[str], source: str, obj: str) -> list[str]:

@@ -2,7 +2,8 @@
 read and checked (every key, type, path and regex) before anything is rendered.
 
 Trees differ between llama.cpp versions, so a manifest can choose by what the tree has: a file
-list (the first that exists), ``when_exists``, ``when`` (a Jinja expression over ``tree``, e.g.
+list (``[a, b]`` or ``"a | b"``: the first that exists in which the edit fits, else the first that
+exists), ``when_exists``, ``when`` (a Jinja expression over ``tree``, e.g.
 ``tree.has(path)`` or ``tree.contains(path, text)``) on files, edits and alternatives, and per
 edit ``alternatives`` (other anchors, with their own text if needed; the first that fits wins).
 An edit's body is inline (``text``) or a template of the feature folder (``text_file``).
@@ -204,7 +205,8 @@ def load_manifest(folder: Path) -> Manifest:
         if base not in BASES:
             raise r.error("base", f"'{r.key('base')}' must be one of {', '.join(BASES)}, got {base!r}")
         target = r.get("file", (str, list), required=True)
-        cands = [target] if isinstance(target, str) else list(target)
+        # candidates: a list, or one string "a | b" (upstream renamed a file: the edit goes where it fits)
+        cands = [c.strip() for c in target.split("|")] if isinstance(target, str) else list(target)
         if not cands or not all(isinstance(c, str) for c in cands):
             raise r.error("file", f"'{r.key('file')}' must be a path or a non-empty list of paths")
         anchor = _anchor(r)

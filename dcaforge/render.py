@@ -24,11 +24,12 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import SecurityError
 
-from . import confine, sandbox
-from .cleanroom import Room, locked, write_atomic
+from . import confine, sandbox, shellscan
+from .blame import attribute
+from .cleanroom import START_TAG, Room, locked, write_atomic
 from .config import Config
 from .errors import ConfigError, DcaforgeError, MismatchError, SafetyError
-from .git import status_porcelain
+from .git import rev_parse, status_porcelain
 from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
 from .trees import GitTree, Tree, baseline_commit
 
@@ -162,13 +163,37 @@ class TreeFacts:
         got = self.text(path, root)
         return got is not None and re.search(regex, got, re.MULTILINE) is not None
 
+    def search(self, path: str, regex: str, root: bool = False) -> str | None:
+        """The first match of the Python regex ``regex`` (MULTILINE) in the file: its first group when it
+        has one, else the whole match; None when the file is absent or nothing matches. E.g. the op count
+        of this ggml: ``tree.search('ggml/src/ggml.c', 'GGML_OP_COUNT == ([0-9]+)') | int``."""
+        got = self.text(path, root)
+        m = re.search(regex, got, re.MULTILINE) if got is not None else None
+        if m is None:
+            return None
+        return m.group(1) if m.re.groups else m.group(0)
+
+    def script_builds(self, script: str, path: str, root: bool = False) -> bool:
+        """The shell script ``script`` names ``path`` (both relative to llama_cpp_dir, or to the room's root
+        with ``root=True``), literally or by a glob, after expanding its variables and following the
+        files it ``source``\\ s and the functions it calls (:mod:`dcaforge.shellscan`): e.g. llamafile's
+        cuda.sh, whose build-functions.sh globs ``$ggml_cuda_dir/*.cu``."""
+        full = self._full(script, root)
+        target = self._full(path, root)
+        if full is None or target is None:
+            return False
+        scanned = shellscan.scan(lambda rel: self.text(rel, root=True), full)
+        return scanned is not None and scanned.covers(target) is not None
+
     def __repr__(self) -> str:
-        return "tree (has(path), contains(path, text), matches(path, regex); root=True: from the room's root)"
+        return ("tree (has(path), contains(path, text), matches(path, regex), search(path, regex), script_builds(script, path); "
+                "root=True: from the room's root)")
 
 
 CONTEXT_HINT = ("fix the template there (templates see, in a sandbox: vars, marker, marker_comment, feature, llama_cpp_dir, "
-                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), each with root=True for "
-                "room-relative paths)), then run the command again")
+                "tree (tree.has(path), tree.contains(path, text), tree.matches(path, regex), tree.search(path, regex), "
+                "tree.script_builds(script, path), "
+                "each with root=True for room-relative paths)), then run the command again")
 
 
 def _context(cfg: Config, tree: Tree | None = None) -> dict[str, Any]:
@@ -319,8 +344,8 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
             rep.status = "skipped"
             rep.note = f"when: {edit.when}"
             continue
-        chosen = next((c for c in edit.files if exists(c, pre)), None)
-        if chosen is None:
+        present = [c for c in edit.files if exists(c, pre)]
+        if not present:
             rep.status = "no-file"
             rep.note = "none of " + ", ".join(edit.files) + " exists"
             if not check:
@@ -329,36 +354,51 @@ def plan(cfg: Config, tree: Tree, manifest: Manifest, *, check: bool = False) ->
                     where=manifest.where(edit.line),
                     hint="add the file's new name to the edit's 'file:' list, or guard it with 'when_exists:' or 'when:'")
             continue
-        rep.file = chosen
-        full = pre + chosen
-        if full not in texts:
-            if full in outputs:
-                texts[full] = outputs[full][0].decode("utf-8")
-            else:
-                try:
-                    texts[full] = tree.read(full).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
-                                      where=manifest.where(edit.line)) from None
-            pristine[full] = texts[full]
-        text = texts[full]
+        # the candidates that exist, in order: the first in which an anchor fits is the edit's file (upstream
+        # renamed gemma4-iswa.cpp to gemma4.cpp; a tree that has both keeps the edit where its code is)
         fitted = None
-        for variant, anchor, action, count, body_spec, when, line in _variants(edit):
-            if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
-                continue
-            found = find_anchor(text, anchor)
-            lines = [text.count("\n", 0, m.start()) + 1 for m in found]
-            if len(found) == count:
-                fitted = (variant, anchor, action, count, body_spec, found, lines)
+        first: EditReport | None = None
+        for chosen in present:
+            cand = EditReport(index=edit.index, manifest_line=edit.line, action=edit.action, anchor=edit.anchor,
+                              count=edit.count, file=chosen)
+            first = first or cand
+            full = pre + chosen
+            if full not in texts:
+                if full in outputs:
+                    texts[full] = outputs[full][0].decode("utf-8")
+                else:
+                    try:
+                        texts[full] = tree.read(full).decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise ConfigError(f"edit #{edit.index}: {full} is not UTF-8 text ({exc.reason})",
+                                          where=manifest.where(edit.line)) from None
+                pristine[full] = texts[full]
+            text = texts[full]
+            for variant, anchor, action, count, body_spec, when, line in _variants(edit):
+                if not _true(env, when, ctx, f"{manifest.where(line)} (edits[{edit.index}].alternatives[{variant - 1}].when)"):
+                    continue
+                found = find_anchor(text, anchor)
+                lines = [text.count("\n", 0, m.start()) + 1 for m in found]
+                if len(found) == count:
+                    fitted = (variant, anchor, action, count, body_spec, found, lines)
+                    break
+                if found:  # matches, but not as often as required: an error, never a reason to try the next
+                    cand.status = "ambiguous"
+                    cand.variant, cand.anchor, cand.action, cand.count = variant, anchor, action, count
+                    cand.matches, cand.match_lines = len(found), lines
+                    cand.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
+                    cand.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
+                    break
+                cand.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
+            if fitted is not None or cand.status == "ambiguous":
                 break
-            if found:  # matches, but not as often as required: an error, never a reason to try the next
-                rep.status = "ambiguous"
-                rep.variant, rep.anchor, rep.action, rep.count = variant, anchor, action, count
-                rep.matches, rep.match_lines = len(found), lines
-                rep.closest = [f"{ln}: {text.splitlines()[ln - 1].rstrip()}" for ln in lines[:5]]
-                rep.note = f"{_label(variant)} matches {len(found)} times" if edit.alternatives else ""
-                break
-            rep.tried.append((variant, anchor, 0, closest_lines(pristine[full], anchor)))
+        assert first is not None
+        if fitted is None and cand.status != "ambiguous":
+            cand = first  # nothing fits anywhere: reported on the first candidate that exists
+        rep = cand
+        reports[-1] = rep
+        full = pre + rep.file if rep.file else ""
+        text = texts[full]
         if fitted is None:
             if rep.status != "ambiguous":
                 rep.status = "missing"
@@ -453,6 +493,8 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
         p = plan(cfg, tree, manifest)
     except DcaforgeError as exc:
         room.update_state(render_error=exc.message)  # capture refuses a room whose render stopped
+        if isinstance(exc, MismatchError):
+            _name_the_patch(cfg, room, tree, manifest, exc)
         raise
     state = room.load_state()
     previous_paths = set(state.get("rendered") or {})
@@ -498,6 +540,31 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
     room.update_state(rendered=new_hashes, rendering=None, render_error=None,
                       templates_digest=manifest_digest(cfg.feature.templates))
     return result
+
+
+def _name_the_patch(cfg: Config, room: Room, tree: Tree, manifest: Manifest, exc: MismatchError) -> None:
+    """An anchor that does not fit a file the series changed: add which patch changed it (and which last
+    changed the anchor's closest line) to the error, so the report names patch, file and anchor."""
+    try:
+        reports = plan(cfg, tree, manifest, check=True).edits
+    except DcaforgeError:
+        return
+    bad = next((r for r in reports if r.status in ("missing", "ambiguous") and r.file), None)
+    start = rev_parse(room.path, START_TAG)
+    base = baseline_commit(room)
+    if bad is None or bad.file is None or start is None:
+        return
+    full = ("" if manifest.edits[bad.index].base == "room" else cfg.llama_prefix) + bad.file
+    line = None
+    if bad.closest:
+        head = bad.closest[0].split(":", 1)[0]
+        line = int(head) if head.isdigit() else None
+    who = attribute(room.path, start, base, full, line)
+    exc.details = ((exc.details or "").rstrip("\n") + "\n" + who.describe()).lstrip("\n")
+    if who.patches:
+        culprit = who.line_patch or who.patches[-1]
+        exc.hint = (f"the patch {culprit} of the series changed {full} where edit #{bad.index} anchors: fix that patch, "
+                    "or " + (exc.hint or "adjust the anchor"))
 
 
 def render(cfg: Config, *, force: bool = False) -> RenderResult:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import confine
+from .blame import TRAILER
 from .cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from .config import Config
 from .errors import CommandError, ConfigError, DcaforgeError, InterruptedRun, MismatchError, SafetyError
@@ -27,9 +28,6 @@ from .patchfile import NUMBERED, Failure, Patch, git_failure, gnu_failure, gnu_n
 from .render import hand_edited_files, render_feature
 from .source import prepare
 from .start import bootstrap_record, can_reset, create, reset_to_start, submodules_record
-
-TRAILER = "dcaforge-patch"
-
 
 # --- discovery ------------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from . import confine
 from . import trust as consent
-from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
+from .bootstrap import SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room
 from .config import Config
-from .errors import ConfigError, SafetyError
+from .errors import ConfigError, DcaforgeError, SafetyError
 from .git import git, git_out, repair_repo_config, rev_parse
 from .source import BaseSource
 
@@ -71,22 +71,47 @@ def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
     return copied
 
 
-def _flatten_submodules(room: Path) -> list[str]:
-    """Make submodules plain folders of the room's tree, so one diff covers everything."""
-    out = git_out(room, "submodule", "status", "--recursive")
-    paths = [ln.split()[1] for ln in out.splitlines() if ln.strip()]
-    for sub in sorted(paths, key=lambda p: -p.count("/")):
+def _flatten_submodules(room: Path, subs: SubmoduleReport) -> list[str]:
+    """Make submodules plain folders of the room's tree, so one diff covers everything: each one's
+    gitlink is removed from its PARENT's index (the superproject's, or the enclosing submodule's:
+    ``stable-diffusion.cpp/ggml`` is an entry of stable-diffusion.cpp's index), deepest first; the
+    top-level ones' files are then added to the superproject (a nested one's come with its parent's).
+    A submodule left out (``subs.absent``) keeps an empty folder and no index entry."""
+    checked = list(subs.paths)
+    every = checked + [a.path for a in subs.absent]
+
+    def parent(path: str) -> str:
+        return max((p for p in checked if path.startswith(p + "/")), key=len, default="")
+
+    for sub in sorted(every, key=lambda p: -p.count("/")):
         gitfile = room / sub / ".git"
+        up = parent(sub)
+        repo = room / up if up else room
+        rel = sub[len(up) + 1:] if up else sub
+        git(repo, "rm", "-q", "--cached", "--", rel)
         if gitfile.is_file() or gitfile.is_symlink():
             gitfile.unlink()
         elif gitfile.is_dir():
             shutil.rmtree(gitfile)
-    for sub in sorted(paths, key=lambda p: -p.count("/")):
-        git(room, "rm", "-q", "--cached", sub)
-        git(room, "add", "-f", sub)
-    if paths:
+    for sub in sorted(p for p in checked if not parent(p)):
+        git(room, "add", "-f", "--", sub)
+    if every:
         git(room, "commit", "-q", "--no-verify", "-m", "dcaforge: flatten submodules into the tree\n")
-    return paths
+    return checked
+
+
+def _check_absent(subs: SubmoduleReport, room: Path, base: BaseSource, cfg: Config, notes: list[str]) -> None:
+    """Submodules left out (no clone of the checkout holds their commit): fine when the bootstrap
+    deleted their folders, an error naming the cause when a folder is still there."""
+    if not subs.absent:
+        return
+    kept = [a for a in subs.absent if (room / a.path).exists()]
+    if kept:
+        raise absent_error(kept, base.checkout.toplevel if base.checkout else None,
+                           "and no bootstrap step deletes its folder" if cfg.bootstrap else "and there is no bootstrap "
+                           "that deletes its folder")
+    notes.append("submodules the bootstrap deletes, not checked out (in no clone of your checkout): "
+                 + ", ".join(a.path for a in subs.absent))
 
 
 @dataclass
@@ -109,8 +134,10 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
     trusted = consent.require(cfg, trust)  # before anything is made: a refusal leaves nothing behind
     room.workspace.mkdir(parents=True, exist_ok=True)
     tmp = room.workspace / f".{room.path.name}.creating"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    modules = room.workspace / f".{room.path.name}.modules"  # stand-ins for the checkout's submodule clones
+    for old in (tmp, modules):
+        if old.exists():
+            shutil.rmtree(old)
     step = on_step or (lambda s: None)
     try:
         step(f"cloning {base.description}")
@@ -128,14 +155,23 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
         if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
             result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
                                 "(a branch or tag can move)")
+        subs = SubmoduleReport()
         if base.submodules:
-            paths = list(base.submodules) if isinstance(base.submodules, tuple) else []
+            paths = list(base.submodules) if isinstance(base.submodules, tuple) else None
             step("checking out submodules")
-            subs = SubmoduleReport()
-            init_submodules(tmp, paths, base.checkout.toplevel if base.checkout else None, subs)
+            try:
+                init_submodules(tmp, paths, checkout_modules(base.checkout), subs, modules)
+            finally:
+                shutil.rmtree(modules, ignore_errors=True)
+            unknown = [p for p in paths or [] if p not in subs.listed]
+            if unknown:
+                raise ConfigError(f"source.submodules names {', '.join(unknown)}, which no .gitmodules declares",
+                                  where="source.submodules",
+                                  hint="declared: " + (", ".join(sorted(subs.declared)) or "none") + " (a nested one "
+                                  "as parent/path, with its parent listed)")
             for sub, local in sorted(subs.local.items()):
                 result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
-            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp)))
+            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp, subs)))
         check_llama_cpp_dir(cfg, tmp)
         (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
         if include_wip:
@@ -150,7 +186,14 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
             for c in cmds:
                 for k, line in enumerate(consent.full_text(c).splitlines()):
                     step(("  $ " if k == 0 else "    ") + line)
-        boot = run_bootstrap(cfg, tmp, on_step=step)
+        try:
+            boot = run_bootstrap(cfg, tmp, on_step=step)
+        except DcaforgeError as exc:
+            if subs.absent:
+                exc.hint = (exc.hint or "") + ("; note: not checked out (in no clone of your checkout): "
+                                               + ", ".join(a.path for a in subs.absent))
+            raise
+        _check_absent(subs, tmp, base, cfg, result.notes)
         removed = repair_repo_config(tmp / ".git")
         if removed:
             result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
@@ -180,6 +223,7 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
         os.replace(tmp, room.path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(modules, ignore_errors=True)
         raise
     return result
 

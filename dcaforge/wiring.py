@@ -26,7 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import shellscan
 from .config import Config
+from .shellscan import Scan, glob_regex
 from .trees import GitTree, Overlay, Tree
 
 SOURCE_EXTS = (".c", ".cpp", ".cu")
@@ -65,29 +67,6 @@ class WiringReport:
 def added_sources(tree: Tree, outputs: dict[str, tuple[bytes, int]]) -> list[str]:
     """Room-relative paths of the C, C++ and CUDA files the render adds (absent from the baseline)."""
     return sorted(p for p in outputs if p.endswith(SOURCE_EXTS) and not tree.exists(p))
-
-
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A shell/make glob (``*``, ``?``, ``[...]``; ``*`` does not cross ``/``) as a regex."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = pattern.find("]", i + 1)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                out.append("[" + pattern[i + 1:j].replace("!", "^", 1) + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out) + r"\Z")
 
 
 def _siblings(path: str) -> tuple[str, str]:
@@ -298,36 +277,15 @@ def make_join_hint(db: MakeDb, path: str) -> str | None:
 
 # --- shell scripts (the GPU library script) --------------------------------------------------
 
-def script_words(text: str) -> list[tuple[int, str]]:
-    """(line, word) of a shell script, quotes and trailing backslashes dropped, comments left out."""
-    out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if s.startswith("#"):
-            continue
-        for w in re.split(r"[\s;|&()=]+", s):
-            w = w.strip("\"'`\\")
-            if w.startswith("./"):
-                w = w[2:]
-            if w:
-                out.append((i, w))
-    return out
-
-
-def script_coverage(text: str, path: str) -> str | None:
-    for line, w in script_words(text):
-        if w == path:
-            return f"line {line}"
-        if any(c in w for c in "*?[") and glob_regex(w).match(path):
-            return f"line {line} (glob {w})"
-    return None
-
-
-def script_join_hint(text: str, path: str, script: str) -> str | None:
-    lines = [line for line, w in script_words(text) if _is_sibling(w, path)]
-    if not lines:
+def script_join_hint(scan: Scan, path: str) -> str | None:
+    """The script's words naming siblings of ``path`` (same folder and extension), as the list to join."""
+    hits = [w for w in scan.words if _is_sibling(w.value, path)]
+    hits = [w for w in hits if w.value == w.source] or hits  # the list as written, not where it is expanded
+    if not hits:
         return None
-    return (f"the source list of {script}:{min(lines)}-{max(lines)} (it names {len(lines)} other files of "
+    file = hits[0].file
+    lines = [w.line for w in hits if w.file == file]
+    return (f"the source list of {file}:{min(lines)}-{max(lines)} (it names {len(lines)} other files of "
             f"{posixpath.dirname(path)}/)")
 
 
@@ -386,7 +344,7 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
         return report
     db = read_make(view)
     script = cfg.build.llamafile.cuda_script
-    script_text = view.text(script) if script else None
+    scanned = shellscan.scan(view.text, script) if script else None
     for src in sources:
         var, how = make_coverage(db, src)
         if var is not None:
@@ -394,12 +352,12 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
             continue
         make_hint = make_join_hint(db, src)
         if src.endswith(".cu"):
-            if script_text is not None:
-                found = script_coverage(script_text, src)
-                if found:
-                    report.rows.append(WiringRow(src, "gpu script", "ok", f"{script} {found}"))
+            if scanned is not None:
+                word = scanned.covers(src)
+                if word is not None:
+                    report.rows.append(WiringRow(src, "gpu script", "ok", f"{script} {scanned.describe(word)}"))
                     continue
-                hint = script_join_hint(script_text, src, script) or make_hint
+                hint = script_join_hint(scanned, src) or make_hint
                 if hint:
                     report.rows.append(WiringRow(src, "gpu script", "missing", "", hint))
                     continue
@@ -407,7 +365,7 @@ def check_wiring(cfg: Config, tree: Tree, outputs: dict[str, tuple[bytes, int]])
                 report.rows.append(WiringRow(src, "make", "missing", "", make_hint))
                 continue
             why = (f"neither the make files nor {script} name a file of {posixpath.dirname(src)}/"
-                   if script_text is not None else
+                   if scanned is not None else
                    f"the tree has no GPU library script ({script}) and its make files build no CUDA")
             report.rows.append(WiringRow(src, "gpu script", "unbuilt", why))
             continue

@@ -40,6 +40,7 @@ E2E_OWN_ROOMS: dict[str, str | None] = {
     "test_llamafile_build.py": "llamafile",  # module fixtures: the two pinned checkouts
     "test_llamafile_layout.py": "llamafile",
     "test_drift_canary.py": None,
+    "test_series77.py": "series77",  # module fixture: the generated series and its rooms
 }
 #: modules whose tests share a room made by a module-scoped fixture
 MODULE_ROOMS = ("tests/hostile/test_interrupts.py", "tests/hostile/test_fuzz.py")

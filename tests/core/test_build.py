@@ -558,3 +558,30 @@ def test_e2e_builds_name_their_targets() -> None:
     assert len(calls) >= 8, calls
     missing = [(name, line) for name, line, args in calls if "--targets" not in args and "--dry-run" not in args]
     assert not missing, f"e2e builds without --targets: {missing}"
+
+@needs
+def test_dry_run_refuses_an_unrendered_room(tmp_path: Path) -> None:
+    """`build --dry-run` on a room whose feature is not rendered said "ok: every file the feature adds is
+    compiled and linked" (nothing was added, so nothing was missing): now refused as capture refuses it."""
+    src = tmp_path / "llamafile"
+    git_init(src, {"Makefile": "o//llamafile/llamafile:\n\t@true\n", "llama.cpp/src/llama.cpp": "int x;\n", ".gitignore": "/o\n"})
+    feat = tmp_path / "work" / "templates" / "feat"
+    (feat / "src").mkdir(parents=True)
+    (feat / "src" / "added.cpp.j2").write_text("int added;\n")
+    (feat / "manifest.yaml").write_text("files:\n- template: src/added.cpp.j2\n  dest: src/added.cpp\nedits: []\n")
+    (tmp_path / "work" / "patches").mkdir()
+    cfgp = tmp_path / "work" / "dcaforge.yaml"
+    cfgp.write_text(f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
+                    "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
+                    "build:\n  backend: llamafile\n  llamafile:\n    programs: [o//llamafile/llamafile]\n")
+    cfg = parse_config(cfgp)
+    apply(cfg, render=False)
+    with pytest.raises(DcaforgeError) as ei:
+        bmod.dry_run(cfg)
+    assert ei.value.message == "nothing checked by the dry run: the feature is not rendered in the clean room"
+    assert ei.value.hint == "`dcaforge render` (or `dcaforge apply`), then `dcaforge build --dry-run`"
+    r = CliRunner().invoke(app, ["build", "--dry-run", "-c", str(cfgp)])
+    assert r.exit_code == 1 and "ok: every file" not in r.output
+    apply(cfg)  # rendered: the dry run runs (make -n) and finds the added file in no make list
+    rep = bmod.dry_run(cfg)
+    assert [(r.source, r.status) for r in rep.wiring.rows] == [("llama.cpp/src/added.cpp", "unbuilt")]  # type: ignore[attr-defined]

@@ -117,6 +117,41 @@ def test_candidates_when_exists_and_check(project) -> None:
         ("src/models/gemma4-iswa.cpp", "ok"), ("src/models/gemma4-iswa.cpp", "ok")]
 
 
+
+def test_file_candidates_go_to_the_first_where_the_edit_fits(project) -> None:
+    """`file: "a | b"` (or a list): the first candidate that exists AND in which an anchor fits. Upstream's Gemma-4
+    file was gemma4-iswa.cpp (b8953, llamafile 0.10.1's pin), then gemma4.cpp; a tree with both keeps the edit
+    where its code is (today's main took the first that exists and misfit there)."""
+    cfg = project.config
+    _manifest(project, """\
+        edits:
+          - file: src/models/gemma4.cpp | src/models/gemma4-iswa.cpp
+            anchor: '(?m)^  Kcur = ggml_rope_ext\\(ctx0, Kcur, inp_pos,'
+            action: replace
+            text: '  Kcur = ggml_rope_ext(ctx0, Kcur, llm_dca_pos_k(inp_pos), {{ marker }}'
+        """)
+    rope = "  Kcur = ggml_rope_ext(ctx0, Kcur, inp_pos, freq_factors, n_rot);\n"
+    trees = {"iswa-only": {"gemma4-iswa.cpp": rope},
+             "both, code in the iswa file": {"gemma4.cpp": "// an assistant model\n", "gemma4-iswa.cpp": rope},
+             "both, code in gemma4.cpp": {"gemma4.cpp": rope, "gemma4-iswa.cpp": rope}}
+    got = {}
+    for name, files in trees.items():
+        other = project.tmp / name.replace(" ", "_").replace(",", "")
+        (other / "src/models").mkdir(parents=True)
+        for f, text in files.items():
+            (other / "src/models" / f).write_text(text)
+        res = check(cfg, other)
+        got[name] = [(e.file, e.status) for e in res.edits]
+    assert got == {"iswa-only": [("src/models/gemma4-iswa.cpp", "ok")],
+                   "both, code in the iswa file": [("src/models/gemma4-iswa.cpp", "ok")],
+                   "both, code in gemma4.cpp": [("src/models/gemma4.cpp", "ok")]}
+    # fits nowhere: reported on the first candidate that exists, with its closest lines
+    other = project.tmp / "neither"
+    (other / "src/models").mkdir(parents=True)
+    (other / "src/models/gemma4-iswa.cpp").write_text("  Kcur = something_else(ctx0);\n")
+    (rep,) = check(cfg, other).edits
+    assert (rep.file, rep.status) == ("src/models/gemma4-iswa.cpp", "missing") and rep.closest
+
 def test_replace_expands_groups_and_jinja_is_strict(project) -> None:
     cfg = project.config
     apply(cfg, render=False)
@@ -267,6 +302,34 @@ def test_alternatives_first_fit_wins_and_when_reads_the_tree(project) -> None:
     assert (cfg.room / "src/llama.cpp").read_text().startswith("int line_001 = 1;\nint lib = 1;\nint line_002")
     assert not (cfg.room / "tools/dca.sh").exists()
 
+
+
+def test_an_alternative_computes_its_text_from_the_tree(project) -> None:
+    """The op count of whatever ggml the tree has (96 on b8953, 98 on 0.3.34, 101 on 0.3.35): one alternative whose
+    text reads the count with tree.search and adds the feature's ops, instead of one alternative per count."""
+    cfg = project.config
+    _manifest(project, """\
+        edits:
+          - file: src/llama.cpp
+            anchor: '(?m)^static_assert[(]OP_COUNT == 101[)];\\n'
+            action: replace
+            text: "static_assert(OP_COUNT == 103);\\n"
+            alternatives:
+              - anchor: '(?m)^static_assert[(]OP_COUNT == [0-9]+[)];\\n'
+                text: "{% set n = tree.search('src/llama.cpp', '^static_assert[(]OP_COUNT == ([0-9]+)') | int + 2 %}\
+static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"
+        """)
+    for count, want in ((101, "static_assert(OP_COUNT == 103);\n"), (96, "static_assert(OP_COUNT == 98); // opencoti F5 dca\n"),
+                        (98, "static_assert(OP_COUNT == 100); // opencoti F5 dca\n")):
+        other = project.tmp / f"ops-{count}"
+        (other / "src").mkdir(parents=True)
+        (other / "src/llama.cpp").write_text(f"int x;\nstatic_assert(OP_COUNT == {count});\n")
+        from dcaforge.manifest import load_manifest
+        from dcaforge.render import plan
+        from dcaforge.trees import DirTree
+
+        out = plan(cfg, DirTree(other), load_manifest(cfg.feature.templates)).outputs["src/llama.cpp"][0].decode()
+        assert out == "int x;\n" + want, (count, out)
 
 def test_alternatives_on_another_tree_and_an_alternative_inherits_the_text(project) -> None:
     cfg = project.config

@@ -185,6 +185,76 @@ def test_shipped_script_edit_misfits_loudly_on_a_script_it_does_not_know(tmp_pat
     assert [(e.file, e.status) for e in p.edits] == [("BUILD.mk", "ok"), ("llamafile/cuda.sh", "missing")]
 
 
+
+GPU_FIXTURE = REPO / "tests" / "e2e" / "fixtures" / "llamafile-gpu"  # cuda.sh + build-functions.sh, as 0.10.x has them
+
+
+def _sourced(tmp: Path) -> DirTree:
+    """A llamafile tree whose GPU script is structured like 0.10.x's: cuda.sh sources build-functions.sh,
+    whose collect_gpu_sources globs "$ggml_cuda_dir"/*.cu (the folder reaches it as $1 of a call)."""
+    tree = _llamafile(tmp, script=None)
+    for rel in ("llamafile/cuda.sh", "llamafile/build-functions.sh"):
+        dest = tree.root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes((GPU_FIXTURE / rel).read_bytes())
+        dest.chmod(0o755)
+    for rel in ("llama.cpp/ggml/CMakeLists.txt", "llama.cpp/ggml/src/ggml.c",
+                "llama.cpp/ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_1-ncols2_8.cu"):
+        (tree.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree.root / rel).write_text("set(GGML_VERSION_MAJOR 0)\n" if rel.endswith(".txt") else "")
+    return tree
+
+
+def test_a_script_that_sources_its_functions_builds_by_their_glob(tmp_path: Path) -> None:
+    """0.10.x's cuda.sh names no .cu file: the wiring check follows `source`, the function's $1 and the
+    glob (today's main reported fattn-lse.cu as unbuilt), and the manifest's edit of the script is skipped
+    (today's main tried it and misfit: edit #124 on b10454)."""
+    cfg = _config(tmp_path)
+    tree = _sourced(tmp_path)
+    rows = _rows(check_wiring(cfg, tree, NEW))
+    assert rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"] == (
+        "ok", "gpu script", "llamafile/cuda.sh sources llamafile/build-functions.sh: line 43 "
+        "(glob llama.cpp/ggml/src/ggml-cuda/*.cu from $ggml_cuda_dir/*.cu)")
+    p = plan(cfg, tree, _wiring_edits(cfg), check=True)
+    assert [(e.file, e.status) for e in p.edits] == [("BUILD.mk", "ok"), (None, "skipped")]
+    assert "script_builds('llamafile/cuda.sh'" in p.edits[1].note and "llamafile/cuda.sh" not in p.outputs
+    # without the sourced file, nothing globs the folder: the edit is tried (and misfits: no list to join)
+    (tree.root / "llamafile/build-functions.sh").unlink()
+    assert _rows(check_wiring(cfg, tree, NEW))["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"][0] == "unbuilt"
+    assert [e.status for e in plan(cfg, tree, _wiring_edits(cfg), check=True).edits] == ["ok", "missing"]
+
+
+def test_a_script_sourcing_files_outside_the_tree_is_not_followed_there(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    outside = tmp_path / "outside.sh"
+    outside.write_text('for f in llama.cpp/ggml/src/ggml-cuda/*.cu; do :; done\n')
+    tree = _llamafile(tmp_path, script=f"#!/bin/sh\nsource {outside}\n. ../outside.sh\nD=../..\nsource $D/outside.sh\n")
+    assert _rows(check_wiring(cfg, tree, NEW))["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"][0] == "unbuilt"
+
+
+def test_the_script_dry_run_records_a_sourced_scripts_calls(tmp_path: Path) -> None:
+    """The 0.10.x-shaped script run for real with recording stand-ins: nvcc found at $CUDA_PATH/bin, one
+    nvcc call per source by absolute path (made tree-relative), gcc/g++ for ggml's core, the build in
+    $HOME/.cache of the scratch folder (never the user's HOME)."""
+    from dcaforge.dryrun import script_dry_run
+
+    tree = _sourced(tmp_path)
+    (tree.root / "llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu").write_text("")
+    home = Path.home()
+    before = sorted(p.name for p in home.iterdir())
+    sd = script_dry_run(tree.root, "llamafile/cuda.sh", ["--clean", "--output", str(tmp_path / "lib.so"), "-j2"],
+                        tmp_path / "scratch")
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert sorted(set(sd.sources())) == ["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu", "llama.cpp/ggml/src/ggml-cuda/fattn.cu",
+                                         "llama.cpp/ggml/src/ggml-cuda/template-instances/"
+                                         "fattn-mma-f16-instance-ncols1_1-ncols2_8.cu"]
+    compiles = [c for c in sd.nvcc_calls() if "-c" in c]
+    assert len(compiles) == 3 and all("arch=compute_86,code=sm_86" in c for c in compiles)
+    assert sd.nvcc_calls()[-1][:1] == ["--shared"] and (tmp_path / "lib.so").exists()
+    assert [c["tool"] for c in sd.calls if c["tool"] != "nvcc"] == ["gcc"]  # ggml.c (the only core file here)
+    assert (tmp_path / "scratch" / "home" / ".cache" / "llamafile-cuda-build").is_dir()
+
+
 DRIFT_MANIFEST = """\
 files: []
 edits:
@@ -227,3 +297,18 @@ def test_drift_classifies_each_misfit_from_the_pristine_file(tmp_path: Path) -> 
                                                                "needs the upstream change that adds it")
     assert by[2].kind == "absent" and "this tree has src/models/gemma3-iswa.cpp" in by[2].reason
     assert by[3].kind == "drifted" and by[3].reason.startswith("the anchor fits src/graph-attn.cpp instead")
+
+
+def test_a_hostile_script_is_read_in_bounded_time(tmp_path: Path) -> None:
+    """Nesting, variable bombs, self-references and a source loop: read without an error, in bounded time."""
+    import time
+
+    cfg = _config(tmp_path)
+    bomb = "".join(f"V{i}=$V{i - 1}/a\nV{i}=$V{i - 1}/b\n" for i in range(1, 40)) + "V0=x\nA=$A$A\n"
+    script = ("#!/bin/sh\n" + "echo \"$(" * 5000 + "\n" + ")\"" * 5000 + "\n" + bomb
+              + "source llamafile/cuda.sh\nfor f in $V39/*.cu; do :; done\n" + "X=\"$(cd \"$(" * 300 + "\n")
+    tree = _llamafile(tmp_path, script=script)
+    t0 = time.monotonic()
+    rows = _rows(check_wiring(cfg, tree, NEW))
+    assert time.monotonic() - t0 < 10
+    assert rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"][0] == "unbuilt"

@@ -33,6 +33,9 @@ from tests.core.helpers import file_snapshot, ugit  # noqa: E402
 UNREACHABLE = "https://git.invalid/ggml-org/llama.cpp.git"  # .invalid never resolves: no network use
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "llamafile"
+#: the GPU library script as llamafile 0.10.x structures it (cuda.sh sources build-functions.sh, which globs the
+#: CUDA sources), written for the tests: fixtures/llamafile-gpu/SOURCE.md
+GPU_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "llamafile-gpu"
 
 #: lists whose folders are refreshed from the tree (every file of the same folder and extension)
 REFRESH = ("GGML_SRCS_C", "GGML_SRCS_CPP", "LLAMA_SRCS_CPP", "COMMON_SRCS_CPP", "TOOL_SERVER_SRCS")
@@ -156,12 +159,19 @@ def write_llamafile(src: Path) -> None:
         (src / "third_party" / sub / "BUILD.mk").write_text(f"# stand-in for third_party/{sub}/BUILD.mk\n")
 
 
-def finish_llamafile(src: Path) -> None:
-    """Fit the build files to the llama.cpp checked out at ``src / 'llama.cpp'`` and write the GPU script."""
+def finish_llamafile(src: Path, gpu: str = "explicit") -> None:
+    """Fit the build files to the llama.cpp checked out at ``src / 'llama.cpp'`` and write the GPU script:
+    ``explicit`` (:func:`gpu_script`, a source list the feature's edit joins) or ``sourced`` (0.10.x's
+    structure, fixtures/llamafile-gpu: it globs, the edit is skipped)."""
     bm = src / "llama.cpp.patches/llamafile-files/BUILD.mk"
     bm.write_text(port_build_mk(bm.read_text(), src))
     lm = src / "llamafile/BUILD.mk"
     lm.write_text(port_llamafile_mk(lm.read_text(), src))
+    if gpu == "sourced":
+        for rel in ("llamafile/cuda.sh", "llamafile/build-functions.sh"):
+            (src / rel).write_bytes((GPU_FIXTURE / rel).read_bytes())
+            (src / rel).chmod(0o755)
+        return
     script = src / "llamafile/cuda.sh"
     script.write_text(gpu_script(src))
     script.chmod(0o755)
@@ -191,14 +201,21 @@ class Checkout:
         return path
 
 
-def make_checkout(tmp: Path, base_url: str, base_ref: str) -> Checkout:
+def make_checkout(tmp: Path, base_url: str, base_ref: str, *, gpu: str = "explicit",
+                  llamafile_patches: bool = True) -> Checkout:
+    """The user's checkout (``gpu``: see :func:`finish_llamafile`; ``llamafile_patches=False`` leaves
+    llamafile's per-file patches out, for a llama.cpp they were not made for)."""
     src = tmp / "llamafile"
     src.mkdir()
     ugit(src, "init", "-q")
     write_llamafile(src)
+    if not llamafile_patches:
+        for patch in (src / "llama.cpp.patches" / "patches").glob("*.patch"):
+            patch.unlink()
+        (src / "llama.cpp.patches" / "patches" / "README").write_text("llamafile's patches are for another llama.cpp\n")
     ugit(src, "-c", "protocol.file.allow=always", "submodule", "add", "-q", Path(base_url).as_uri(), "llama.cpp")
     ugit(src / "llama.cpp", "checkout", "-q", base_ref)
-    finish_llamafile(src)
+    finish_llamafile(src, gpu)
     ugit(src, "config", "-f", ".gitmodules", "submodule.llama.cpp.url", UNREACHABLE)
     ugit(src, "add", "-A")
     ugit(src, "commit", "-q", "-m", "llamafile 0.10.x layout, llama.cpp as a submodule")

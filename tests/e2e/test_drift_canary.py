@@ -1,6 +1,11 @@
-"""The drift canary, `dcaforge drift`, on the llama-cpp-python sdists the e2e tests download anyway:
-0.3.36 (the default) fits; 0.3.21 (the old pin of test_llamafile_build) does not, and the counts say how. (0.3.30's
-fit is test_e2e_drift's `render --check`, the same classification: not run twice.)"""
+"""The drift canary, `dcaforge drift`, on llama-cpp-python sdists: the sdist matrix of the templates.
+
+Fit: 0.3.36 (the default), 0.3.22 and 0.3.30. 0.3.21 and 0.3.22 are the PyPI sdists nearest to b8953 (7b8443ac),
+the llama.cpp llamafile 0.10.1 pins (0.3.21 is b8925-4..b8935-7, 2026-04-25/26, 18 builds before it; 0.3.22 is
+b8994-5, 2026-05-01, after it): the oldest llama.cpp a llamafile 0.10.x release pins is fitted by the same templates
+as today's. 0.3.21's fit is test_e2e_drift's `render --check`, which also compiles that render (not run twice).
+Does not fit: 0.3.16 (older than any 0.10.x pin, the old pin of test_llamafile_build), and the counts say how. Each
+is `render --check`'s anchor check only: no build (tests/e2e/RESULTS-drift.md has the builds)."""
 
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ def counts(out: str) -> tuple[int, int, int, int, int]:
     return tuple(int(x) for x in m.groups())  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("version", ["0.3.36"])
+@pytest.mark.parametrize("version", ["0.3.36", "0.3.22", "0.3.30"])
 def test_canary_counts_a_tree_the_templates_fit(version: str) -> None:
     p = drift("--sdist", version)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -39,7 +44,7 @@ def test_canary_counts_a_tree_the_templates_fit(version: str) -> None:
 
 
 def test_canary_counts_drifted_and_absent_on_an_old_tree() -> None:
-    p = drift("--sdist", "0.3.21")
+    p = drift("--sdist", "0.3.16")
     assert p.returncode == DOES_NOT_FIT, p.stdout + p.stderr
     fit, drifted, absent, skipped, total = counts(p.stdout)
     assert drifted >= 3 and absent >= 5 and fit + skipped + drifted + absent == total

@@ -246,7 +246,7 @@ def test_llamafile_bootstrap_patch_that_does_not_apply(llamafile: Llamafile) -> 
     r = CliRunner().invoke(app, ["apply", "--trust", "-c", str(cfg.path)])
     assert r.exit_code == 3, r.output
     out = " ".join(r.output.split())  # rich wraps long lines
-    assert f"bootstrap step 5 ({cfg.path}:" in out
+    assert f"bootstrap step 7 ({cfg.path}:" in out
     assert "the tree's own patch 2/2 src_llama-vocab.cpp.patch does not apply with patch -p1 --fuzz=0" in out
     assert ("where: llama.cpp.patches/patches/src_llama-vocab.cpp.patch (in the source tree), "
             "file llama.cpp/src/llama-vocab.cpp, hunk #1 @@") in out
