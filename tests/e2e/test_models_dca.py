@@ -280,8 +280,9 @@ def test_b_fa_on_equals_fa_off(runner, dca_exe, models_dir, arch):
 # to what the same comparison gives without DCA. With FA off and an f32 cache upstream is
 # ubatch-invariant to ~1e-6 (gemma ~3e-4, its f16 GELU table), which makes those cases sharp.
 # Past L = 256 DCA's attention temperature (off by default since bench/longctx; these floors were set with it on)
-# sharpens the softmax, and with it two places where rounding jumps: gemma's DCA layers (FA off, f32: 4.5e-5 / 7.4e-5 between ubatch sizes with the temperature off, 1.3e-4 /
-# 1.2e-4 with it; the per-token scale itself is the same at any ubatch size, qwen2 stays at 4.9e-7) and qwen3moe's
+# sharpens the softmax, and with it two places where rounding jumps: gemma's DCA layers (FA off, f32: 4.5e-5 /
+# 7.4e-5 between ubatch sizes with the temperature off, 1.3e-4 / 1.2e-4 with it; the per-token scale itself is
+# the same at any ubatch size, qwen2 stays at 4.9e-7) and qwen3moe's
 # router, whose top-2 choice sits near a tie at positions 395-399 (FA on: 3.4e-3 without the temperature, 1.2e-2
 # with it, where an expert flips). Those two get floors of their own.
 INV_CASES = [(False, "f32"), (True, "f16")]
@@ -466,7 +467,6 @@ def test_b_default_has_no_temperature(runner, dca_exe, models_dir, reference_log
     --dca-yarn-factor 2.718281828 (F = e, x1.1) and the reference with F = e, far from the default at every position."""
     from tests.models import reference
     m = model(models_dir, arch)
-    toks = reference.tokens_for(SEED, N_REF)
     f2 = reference.auto_factor(N_REF)
     assert f2 == pytest.approx(np.e, rel=1e-15) and np.float32(F_AUTO_2X) == np.float32(f2)
     plain_ref = reference_logits(arch, True, factor=0.0)
