@@ -1,55 +1,58 @@
-"""The command line: the typer app, its global options (``-v``, ``--version``) and its commands,
-one line each; what each command does and prints is in :mod:`dcaforge.commands`."""
+"""The command line's entry point (``dcaforge``, ``python -m dcaforge.cli``).
+
+:func:`main` puts the signal handlers in place before anything heavy is imported (the typer app,
+rich, GitPython: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
+while Python is still importing, ends the run with exit 130 and a message, never a traceback. The
+app itself (its options and commands) is :mod:`dcaforge.commands.app`; ``dcaforge.cli.app`` names it.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from . import __version__
-from .commands import apply, build, gate, patch, render, status
-from .commands.common import out, run_from, setup_logging
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
+#: The exit code of an interrupted run (dcaforge.errors.EXIT_INTERRUPTED, without importing it first).
+_INTERRUPTED = 130
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"dcaforge {__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log every command run")] = False,
-          version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
-                                                callback=_version)] = False) -> None:
-    setup_logging(verbose)
-
-
-app.command()(apply.apply)
-app.command()(render.render)
-app.command()(render.drift)
-app.command()(patch.capture)
-app.command()(patch.templatize)
-app.command()(patch.verify)
-app.command()(status.status)
-app.command()(build.build)
-app.command()(gate.gate)
+def _say_interrupted() -> None:
+    sys.stderr.write("interrupted: stopped outside any step that writes (nothing was left half-written)\n"
+                     "  next: run the same command again\n")
 
 
 def main() -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
-    run_from(sys.argv[1:])
-    app()
+    told = None
+    try:
+        from .commands import common
+        from .commands.app import app
+
+        told = common.interrupt_told
+        common.run_from(sys.argv[1:])
+        app()
+    except KeyboardInterrupt:
+        if told is None or not told():
+            _say_interrupted()
+        sys.exit(_INTERRUPTED)
+    except SystemExit as exc:
+        # typer ends a KeyboardInterrupt it caught itself (outside a command's work) with exit 130, silently
+        if exc.code == _INTERRUPTED and (told is None or not told()):
+            _say_interrupted()
+        raise
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from dcaforge.cli import app`: the typer app, imported when first asked for
+        from .commands.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

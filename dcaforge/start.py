@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import confine
+from . import confine, guard
 from . import trust as consent
 from .bootstrap import SubmoduleReport, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room
@@ -109,8 +109,7 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
     trusted = consent.require(cfg, trust)  # before anything is made: a refusal leaves nothing behind
     room.workspace.mkdir(parents=True, exist_ok=True)
     tmp = room.workspace / f".{room.path.name}.creating"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    guard.remove_leftover(tmp, "a clean room being made")
     step = on_step or (lambda s: None)
     try:
         step(f"cloning {base.description}")

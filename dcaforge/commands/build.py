@@ -1,5 +1,6 @@
 """``dcaforge build``: the clean room (or the baseline) built, with a progress bar on a terminal;
-``--dry-run``: llamafile's make and GPU script run dry, to show every added file is built."""
+``--dry-run``: llamafile's make and GPU script run dry (with consent: ``--trust``), to show every
+added file is built."""
 
 from __future__ import annotations
 
@@ -29,12 +30,17 @@ def build(
                                                       "space-separated); default: build.*.targets of the config")] = None,
     jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="parallel jobs (default: build.jobs, else the cores)")] = None,
     dry: Annotated[bool, typer.Option("--dry-run", help="llamafile: run its Makefile with make -n and a stand-in "
-                                      "cosmocc (and, with --cuda, the GPU script with a recording nvcc) and check "
-                                      "that the feature's files are compiled and linked; builds nothing")] = False,
+                                      "cosmocc (and, with --cuda, the GPU script with stand-in compilers, without "
+                                      "--clean) and check that the feature's files are compiled and linked; builds "
+                                      "and deletes nothing, starts no compiler; runs the tree's code, so only with "
+                                      "--trust or a trusted config")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="with --dry-run: run the tree's Makefile (make -n evaluates "
+                                        "its $(shell ...)) and GPU script although the config is not in your "
+                                        "settings' trusted list")] = False,
 ) -> None:
     """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make."""
     if dry:
-        _dry_run(config, cuda, targets)
+        _dry_run(config, cuda, targets, trust)
         return
     cfg = load(config)
     tgts = [t for group in (targets or []) for t in group.split()]
@@ -74,10 +80,10 @@ def build(
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
 
 
-def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None) -> None:
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, trust: bool) -> None:
     cfg = load(config)
     progs = [t for group in (targets or []) for t in group.split()]
-    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None))
+    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=progs or None, trust=trust))
     wiring = rep.wiring
     assert isinstance(wiring, WiringReport)
     print_wiring(wiring)

@@ -113,10 +113,12 @@ def drift(
     config: ConfigOpt = None,
     sdist: Annotated[str | None, typer.Option("--sdist", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
     tree: Annotated[Path | None, typer.Option("--tree", help="a llama.cpp tree (a folder)")] = None,
+    trust: Annotated[bool, typer.Option("--trust", help="let --sdist also be a package name with version specifiers "
+                                        "(pip runs that package's build backend)")] = False,
 ) -> None:
     """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
     cfg = load(config)
-    res = call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    res = call(lambda: canary(cfg, tree_dir=tree, sdist=sdist, trust=trust))
     print_misfits(res.misfits, {e.index: e for e in res.check.edits})
     out.print(res.summary())
     if res.misfits:
