@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import jinja2
 
 from . import confine, sandbox
-from .cleanroom import write_all_atomic
+from .cleanroom import Room, write_all_atomic
 from .config import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc, Config, GitSource
 from .errors import ConfigError, DcaforgeError, SafetyError
 from .git import inspect_checkout, is_inside
@@ -56,13 +57,13 @@ class DocUpdate:
 
 # --- where the files may be ----------------------------------------------------------------
 
-def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool = True) -> None:
+def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool = True, hint: str | None = None) -> None:
     """Refuse ``path`` inside a git directory (any repository's: git's own files), inside the source
     checkout or its git directory (a linked worktree's common one and main worktree included: the
     user's tree is only read), inside the clean room (it would end up in the next capture), or
     (``workspace``) anywhere in the workspace. Symlinks are followed."""
-    hint = "keep the series and its bookkeeping in a folder of their own, outside git directories, the source " \
-           "checkout and 'cleanroom:'; then run the command again"
+    hint = hint or "keep the series and its bookkeeping in a folder of their own, outside git directories, the " \
+                   "source checkout and 'cleanroom:'; then run the command again"
     real = Path(os.path.realpath(path))
     for candidate in (path, real):
         gitdir = confine.git_dir_above(candidate)
@@ -73,13 +74,41 @@ def check_outside_trees(cfg: Config, path: Path, what: str, *, workspace: bool =
     if is_inside(path, inside):
         raise SafetyError(f"{what} {path} is inside the clean-room {'workspace' if workspace else 'tree'} {inside}",
                           where=cfg.describe(),
-                          hint="keep it beside the series (e.g. in the series folder), outside 'cleanroom:'")
+                          hint=hint or "keep it beside the series (e.g. in the series folder), outside 'cleanroom:'")
     if isinstance(cfg.source, GitSource) and cfg.source.local_path is not None:
         info = inspect_checkout(cfg.source.local_path)
         for top in info.folders if info else [cfg.source.local_path]:
             if is_inside(path, top):
                 raise SafetyError(f"{what} {path} is inside the source checkout {top}, which dcaforge never writes",
                                   where=cfg.describe(), hint=hint)
+
+
+def check_not_managed(cfg: Config, path: Path, what: str) -> None:
+    """Refuse ``path`` when it is (or is inside) a file dcaforge reads or keeps: the config, the
+    bookkeeping documents, the feature folder, another patch of the series, or what dcaforge makes
+    beside the clean room (its lock, the leftovers of an interrupted run, the baseline worktree, the
+    gates' folder: :meth:`Room.own_paths`). Writing there would replace the user's input or be
+    deleted by the next run. Symlinks are followed (the path as given and where it leads are both checked)."""
+    managed: dict[Path, str] = {}
+    if cfg.path is not None:
+        managed[cfg.path] = "the config"
+    for doc in cfg.bookkeeping.docs:
+        managed[doc.file] = "a bookkeeping document (capture keeps its row or entry; -o writes only the patch)"
+    managed[cfg.feature.templates] = "the feature folder"
+    managed.update(Room.of(cfg).own_paths())
+    series = cfg.series.dir
+    if series.is_dir() and (is_inside(path, series)):
+        for p in series.iterdir():
+            if p.name.endswith(".patch") and p.name != cfg.feature.patch_name:
+                managed[p] = "a patch of the series"
+    forms = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}
+    for target, kind in managed.items():
+        targets = {Path(os.path.abspath(target)), Path(os.path.realpath(target))}
+        if any(f == t or t in f.parents for f in forms for t in targets):
+            raise SafetyError(f"{what} {path} is {kind} ({target}); refusing to write there", where=cfg.describe(),
+                              hint="write the patch to a file of its own (e.g. `dcaforge capture -o "
+                                   f"{shlex.quote(str(cfg.series.dir.parent / cfg.feature.patch_name))}`), or run "
+                                   "`dcaforge capture` without -o to update the series")
 
 
 # --- the template context ------------------------------------------------------------------

@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import guard
 from .cleanroom import BASELINE_TAG, Room, locked
 from .config import Config
-from .errors import BuildError, DcaforgeError, MismatchError, SafetyError, ToolchainError
+from .errors import BuildError, ConfigError, DcaforgeError, MismatchError, SafetyError, ToolchainError
 from .git import git, rev_parse, run, run_streaming
 
 #: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
@@ -177,15 +178,23 @@ def _which(name: str) -> str | None:
     return shutil.which(name)
 
 
-def require_tool(name: str, how: str, *, path: str | None = None) -> str:
-    """The path of ``name`` (or ``path`` when given and executable); a ToolchainError otherwise."""
+def require_tool(name: str, how: str, *, path: str | None = None, setting: str | None = None,
+                 where: str | None = None) -> str:
+    """The path of ``name`` (or ``path`` when given and executable); a ToolchainError otherwise.
+    ``setting``/``where``: the config key that gave ``path`` and its file, for the error (the fix is
+    the config then, not an install)."""
     if path is not None:
         found = path if os.access(path, os.X_OK) and not os.path.isdir(path) else _which(path)
     else:
         found = _which(name)
+    if not found and setting is not None:
+        raise ConfigError(f"{setting} is {path!r}, which is neither an executable file nor a program on PATH",
+                          where=where,
+                          hint=f"set {setting} to the path of {name} (an executable file), or remove it to use the "
+                               f"tree's own {name} (else {name} on PATH); then run the same command again")
     if not found:
         raise ToolchainError(f"{path or name} is not installed (or not on PATH); the build needs it",
-                             hint=how)
+                             where="$PATH", hint=how)
     return found
 
 
@@ -284,7 +293,9 @@ def ensure_baseline_worktree(cfg: Config, room: Room, keep: Sequence[str] = ()) 
     if rev is None:
         raise DcaforgeError("the clean room has no baseline (the series is not fully applied)",
                             where=str(room.path), hint="`dcaforge apply --continue`")
-    wt = baseline_path(cfg)
+    wt = guard.own_folder(baseline_path(cfg), "the baseline worktree",
+                          hint="move it away: dcaforge makes the baseline worktree itself (a git worktree of the "
+                               "clean room); then run the same `dcaforge build --baseline` again")
     if wt.exists():
         gitdir = _worktree_gitdir(wt)
         ours = gitdir is not None and (room.path / ".git" / "worktrees") in gitdir.parents
@@ -301,8 +312,7 @@ def ensure_baseline_worktree(cfg: Config, room: Room, keep: Sequence[str] = ()) 
             return wt
         else:  # the room was made again: its worktree record is gone
             parked = room.workspace / f".{wt.name}.parked"
-            if parked.exists():
-                shutil.rmtree(parked)
+            guard.remove_leftover(parked, "the baseline's build folders while its worktree is made again")
             parked.mkdir()
             for rel in keep:
                 if (wt / rel).is_dir():
@@ -498,6 +508,7 @@ def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bo
 def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, targets: Sequence[str] | None,
                  jobs: int, log: Path, ccache: bool, runner: _Runner) -> BuildResult:
     c = cfg.build.cmake
+    tgts = _targets(cfg, targets, c.targets, "build.cmake.targets")
     cmake = require_tool("cmake", HOW["cmake"])
     gen = c.generator.lower()
     if gen == "ninja":
@@ -516,7 +527,6 @@ def _build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, 
     rel_dir = c.cuda_dir if cuda else c.dir
     build_dir = tree / rel_dir
     _exclude(room, tree, rel_dir)
-    tgts = tuple(targets) if targets else c.targets
     res = BuildResult(backend="cmake", variant=variant, tree=tree, source=source, build_dir=build_dir, cuda=cuda,
                       targets=tgts, jobs=jobs, log=log, ccache=ccache)
 
@@ -594,6 +604,14 @@ def _parse_query(text: str, build_dir: Path) -> dict[str, Path | None]:
     return out
 
 
+def _targets(cfg: Config, given: Sequence[str] | None, configured: tuple[str, ...], key: str) -> tuple[str, ...]:
+    """The targets to build (``--targets``, else the config's), each one a target name and nothing
+    else (:func:`guard.make_goal`: never an option, an assignment or ``$(...)``)."""
+    if given:
+        return tuple(guard.make_goal(t, what="--targets", where="the command line (--targets)") for t in given)
+    return tuple(guard.make_goal(t, what=key, where=f"{cfg.describe()} ({key})") for t in configured)
+
+
 def _cuda_argv(cfg: Config, tree: Path) -> list[str]:
     lf = cfg.build.llamafile
     script = tree / lf.cuda_script
@@ -623,9 +641,9 @@ def require_wiring(cfg: Config, room: Room, tree: Path) -> None:
 def _build_llamafile(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, targets: Sequence[str] | None,
                      jobs: int, log: Path, ccache: bool, runner: _Runner) -> BuildResult:
     lf = cfg.build.llamafile
+    tgts = _targets(cfg, targets, lf.targets, "build.llamafile.targets")
     if variant == "feature":
         require_wiring(cfg, room, tree)
-    tgts = tuple(targets) if targets else lf.targets
     rel = cosmocc_rel(tree)
     would = [shlex.join([lf.make or f"{rel}/bin/make", f"-j{jobs}", *tgts])]
     if cuda:
@@ -634,7 +652,8 @@ def _build_llamafile(cfg: Config, room: Room, tree: Path, variant: str, cuda: bo
     make = lf.make
     if make is None:
         make = str(cosmo / "bin" / "make") if (cosmo / "bin" / "make").exists() else "make"
-    make = require_tool("make", HOW["make"], path=make)
+    make = require_tool("make", HOW["make"], path=make, setting="build.llamafile.make" if lf.make else None,
+                        where=f"{cfg.describe()} (build.llamafile.make)")
     nvcc = find_nvcc() if cuda else None
     _exclude(room, tree, "o")
     res = BuildResult(backend="llamafile", variant=variant, tree=tree, source=tree, build_dir=tree / "o", cuda=cuda,
@@ -681,10 +700,13 @@ class CmakePlan:
 
 
 def cmake_plan(cfg: Config, *, cuda: bool = False, targets: Sequence[str] | None = None,
-               hooks: BuildHooks | None = None) -> CmakePlan:
+               hooks: BuildHooks | None = None, trust: bool = False) -> CmakePlan:
     """``dcaforge build --dry-run`` for ``build.backend: cmake``: cmake configures into a scratch folder of the
     room's metadata (the build folder is not touched), ninja counts the steps the targets take (``-n``: nothing
-    runs) and names each target's file; nothing is compiled."""
+    runs) and names each target's file; nothing is compiled. Configuring runs the tree's CMake code
+    (``execute_process``), so, as llamafile's dry run, only for a trusted config (the built-in default is;
+    ``trust``: --trust), and an unrendered room is refused as capture refuses it."""
+    from .capture import check_whole
     from .wiring import check_room
 
     if cfg.build.backend != "cmake":
@@ -700,10 +722,12 @@ def cmake_plan(cfg: Config, *, cuda: bool = False, targets: Sequence[str] | None
         if base is None:
             raise DcaforgeError("the clean room has no baseline yet (the series is not fully applied)",
                                 where=str(room.path), hint="`dcaforge apply --continue`")
+        state = check_whole(cfg, room, "nothing checked by the dry run", "`dcaforge build --dry-run`")
         tree = room.path
-        rendered = sorted((room.load_state().get("rendered") or {}).keys())
+        rendered = sorted((state.get("rendered") or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)
         cmake = require_tool("cmake", HOW["cmake"])
+        require_cmake_consent(cfg, trust)
         gen = c.generator.lower()
         ninja = require_tool("ninja", HOW["ninja"]) if gen == "ninja" else None
         nvcc = find_nvcc() if cuda else None
@@ -773,11 +797,52 @@ class DryRunReport:
         return bool(getattr(self.wiring, "ok", True)) and not self.problems
 
 
-def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None = None) -> DryRunReport:
+def require_dry_run_consent(cfg: Config, trust: bool, cuda: bool) -> None:
+    """The dry run runs code of the tree and the config: make evaluates the Makefile (its ``$(shell
+    ...)`` run for real under ``make -n``), the config may name the make, and ``--cuda`` runs the GPU
+    script. So it needs the same consent as a config's commands (:mod:`dcaforge.trust`); nothing runs before."""
+    from . import trust as consent
+
+    lf = cfg.build.llamafile
+    t = consent.trust_of(cfg, trust)
+    what = "its Makefile under make -n (make runs the Makefile's $(shell ...) even then)" + (
+        f" and its GPU script {lf.cuda_script} (with stand-in compilers)" if cuda else "")
+    guard.require_consent(
+        t.trusted,
+        f"build --dry-run runs code of the tree and the config: {what}; dcaforge runs it only when you trust the "
+        "config; nothing was run",
+        where=f"{cfg.describe()} (build.llamafile)",
+        hint=f"read the tree's Makefile{' and ' + lf.cuda_script if cuda else ''}; if you trust them, run "
+             f"`dcaforge build --dry-run{' --cuda' if cuda else ''} --trust` (or add the config, or its folder ending "
+             f"with /, to 'trusted:' in {consent.settings_label()}); `dcaforge render --check` checks the wiring "
+             "without running anything")
+
+
+def require_cmake_consent(cfg: Config, trust: bool) -> None:
+    """cmake's configure step runs the tree's CMake code (``execute_process``, ``file(DOWNLOAD)``): the cmake dry run
+    asks the same consent as llamafile's (:func:`require_dry_run_consent`); nothing runs before."""
+    from . import trust as consent
+
+    guard.require_consent(
+        consent.trust_of(cfg, trust).trusted,
+        "build --dry-run configures the tree with cmake, which runs the tree's CMake code; dcaforge runs it only when "
+        "you trust the config; nothing was run",
+        where=f"{cfg.describe()} (build.cmake)",
+        hint=f"if you trust the tree, run `dcaforge build --dry-run --trust` (or add the config, or its folder ending "
+             f"with /, to 'trusted:' in {consent.settings_label()}); `dcaforge render --check` checks the wiring "
+             "without running anything")
+
+
+def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None = None,
+            trust: bool = False) -> DryRunReport:
     """``dcaforge build --dry-run`` (llamafile): the wiring check, then the tree's real Makefile with
     ``make -n`` and a stand-in cosmocc: every C/C++ file the feature adds must be compiled and its
     object be on the link line of each of ``programs`` (archives on it included); with ``cuda``
-    the GPU library script runs with a recording nvcc and must hand it every added .cu file."""
+    the GPU library script runs with stand-in compilers (:func:`dryrun.script_dry_run`: PATH,
+    CUDACXX, CUDA_PATH, CUDA_HOME ... and HOME all point into a scratch folder) and without
+    ``--clean``, and must hand nvcc every added .cu file. It runs code of the tree and the config,
+    so only for a trusted config (``trust``: --trust; :func:`require_dry_run_consent`). A dry run
+    starts no compiler and deletes nothing outside its scratch folder."""
     from . import dryrun
     from .capture import check_whole
     from .wiring import check_room
@@ -788,7 +853,13 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
     room = Room.of(cfg)
     room.require()
     lf = cfg.build.llamafile
-    progs = tuple(programs) if programs else lf.programs
+    progs = (tuple(guard.make_goal(t, what="--targets", where="the command line (--targets)") for t in programs)
+             if programs else
+             tuple(guard.make_goal(t, what="build.llamafile.programs", where=f"{cfg.describe()} (build.llamafile.programs)")
+                   for t in lf.programs))
+    make = require_tool("make", HOW["make"], path=lf.make or "make", setting="build.llamafile.make" if lf.make else None,
+                        where=f"{cfg.describe()} (build.llamafile.make)")
+    require_dry_run_consent(cfg, trust, cuda)  # everything checked that needs nothing run; now the consent
     with locked(room):
         base = rev_parse(room.path, BASELINE_TAG)
         if base is None:
@@ -799,12 +870,10 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
         rendered = sorted((state.get("rendered") or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)
         scratch = room.meta / "dry-run"
-        if scratch.exists():
-            shutil.rmtree(scratch)
+        guard.remove_leftover(scratch, "the dry run's scratch folder")
         cosmo = dryrun.cosmocc_standin(scratch / "cosmocc")
-        make = require_tool("make", HOW["make"], path=lf.make or "make")
         _exclude(room, tree, "o")
-        dry = dryrun.make_dry_run(tree, list(progs), cosmocc=cosmo, make=make)
+        dry = dryrun.make_dry_run(tree, list(progs), cosmocc=cosmo, make=make, scratch=scratch)
         rep = DryRunReport(tree=tree, wiring=wiring, make_argv=dry.argv, programs=progs)
         linked = {p: dry.linked_objects(p) for p in progs}
         for row in wiring.rows:
@@ -825,8 +894,9 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
                 raise DcaforgeError(f"{script} does not exist: this llamafile tree has no GPU library script",
                                     where=str(script), hint="set build.llamafile.cuda_script to the tree's script")
             out = scratch / "ggml-cuda.so"
-            sd = dryrun.script_dry_run(tree, lf.cuda_script, ["--clean", "--output", str(out), *lf.cuda_flags],
-                                       scratch / "nvcc")
+            # never --clean: a dry run deletes nothing (llamafile's script cleans a cache under $HOME)
+            flags = [f for f in lf.cuda_flags if f != "--clean"]
+            sd = dryrun.script_dry_run(tree, lf.cuda_script, ["--output", str(out), *flags], scratch / "nvcc")
             rep.cuda_argv = sd.argv
             rep.nvcc_calls = sd.nvcc_calls()
             handed = {os.path.normpath(s) for s in sd.sources()}

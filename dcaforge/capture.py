@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import bookkeeping
-from .bookkeeping import DocUpdate, check_outside_trees
+from .bookkeeping import DocUpdate, check_not_managed, check_outside_trees
 from .cleanroom import Room, locked, os_error, write_all_atomic
 from .config import Config, is_packaged, read_only_default
 from .errors import DcaforgeError
@@ -68,6 +68,8 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
     dest = Path(os.path.abspath(out or cfg.feature_patch))
     check_outside_trees(cfg, dest, "the patch", workspace=False)
     to_series = dest == Path(os.path.abspath(cfg.feature_patch))
+    if not to_series:
+        check_not_managed(cfg, dest, "the patch's destination")
     if dest.is_dir():
         raise DcaforgeError(f"cannot write the patch to {dest}: it is a folder", where=str(dest),
                             hint=f"give a file name, e.g. `dcaforge capture -o {shlex.quote(str(dest / cfg.feature.patch_name))}`")

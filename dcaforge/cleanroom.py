@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import guard
 from .config import Config
 from .errors import DcaforgeError, LockedError, SafetyError
 from .git import git, git_out, repair_repo_config
@@ -139,14 +140,25 @@ class Room:
     def lock_file(self) -> Path:
         return self.workspace / f"{self.path.name}.lock"
 
+    def own_paths(self) -> dict[Path, str]:
+        """What dcaforge makes beside the room in the workspace, by what it is: nothing else may be
+        written there (``capture -o`` onto one of them would be deleted or replaced by the next run)."""
+        ws, name = self.workspace, self.path.name
+        return {self.lock_file: "the clean room's lock", ws / f".{name}.creating": "a clean room being made",
+                ws / f".{name}.deleting": "a clean room being deleted", ws / f"{name}-baseline": "the baseline worktree",
+                ws / f".{name}-baseline.parked": "the baseline's parked build folders",
+                ws / f"{name}-gates": "the gates' output folder"}
+
     def exists(self) -> bool:
         return self.path.exists()
 
     def is_ours(self) -> bool:
-        return self.marker.is_file()
+        """A real folder (never a symlink to one) holding dcaforge's marker."""
+        return not self.path.is_symlink() and guard.regular_file(self.marker)
 
     def require(self) -> None:
-        """The room must exist and be dcaforge's."""
+        """The room must exist and be dcaforge's (a real folder, not a symlink to one)."""
+        guard.own_folder(self.path, "the clean room")
         if not self.exists():
             raise DcaforgeError(f"no clean room at {self.path}", where=str(self.path),
                                 hint="`dcaforge apply`")
@@ -156,6 +168,7 @@ class Room:
                               hint="move that folder away, or choose another 'name:'/'cleanroom:'")
 
     def check_can_create(self) -> None:
+        guard.own_folder(self.path, "the clean room")
         if self.exists() and not self.is_ours() and any(self.path.iterdir()):
             raise SafetyError(
                 f"{self.path} exists, is not empty and was not made by dcaforge; refusing to touch it",
@@ -193,8 +206,8 @@ class Room:
             raise SafetyError(f"refusing to delete {self.path}: it has no dcaforge marker",
                               where=str(self.path), hint="move that folder away by hand if you mean it")
         trash = self.workspace / f".{self.path.name}.deleting"
-        if trash.exists():
-            shutil.rmtree(trash)
+        guard.remove_leftover(trash, "a clean room being deleted")
+        guard.own_folder(self.path, "the clean room")
         os.replace(self.path, trash)
         shutil.rmtree(trash)
 
@@ -289,9 +302,9 @@ def _open_by_someone(paths: list[Path]) -> set[Path] | None:
 _HELD: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth): this process holds it
 
 
-def _describe_holder(path: Path) -> str:
+def _describe_holder(fd: int) -> str:
     try:
-        info = json.loads(path.read_text() or "{}")
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
     except (OSError, ValueError):
         info = {}
     if not isinstance(info, dict) or "pid" not in info:
@@ -305,9 +318,13 @@ def locked(room: Room) -> Iterator[None]:
     """Hold the room's lock for the duration (re-entrant within one process). The lock is an
     ``flock`` on ``<workspace>/<name>.lock``, so the kernel releases it when the holder dies, however
     it dies, and two runs can never both take it; the file records the holder (pid, host, start).
-    Taking it runs :meth:`Room.recover`, and clears leftovers of an interrupted creation or deletion."""
+    It is opened without following a link and must be a regular file of one name (:func:`guard.open_lock`),
+    and deleted on release only while it is still the file this run locked (:func:`guard.release_lock`).
+    Taking it runs :meth:`Room.recover`, and clears leftovers of an interrupted creation or deletion
+    (only real folders: :func:`guard.remove_leftover`)."""
     path = room.lock_file
     try:
+        guard.own_folder(room.workspace, "the clean-room workspace")
         room.workspace.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(exc, room.workspace, "the clean-room workspace") from None
@@ -322,21 +339,22 @@ def locked(room: Room) -> Iterator[None]:
         return
     for _attempt in range(100):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = guard.open_lock(path, "the clean room's lock")
         except OSError as exc:
             raise os_error(exc, path, "the clean room's lock") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = _describe_holder(fd)
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                raise LockedError(f"{_describe_holder(path)} holds the clean room {room.path}", where=str(path),
+                raise LockedError(f"{holder} holds the clean room {room.path}", where=str(path),
                                   hint="wait for it to finish and run the command again (the lock goes with its "
                                        "process, even a killed one)") from None
-            raise
+            raise os_error(exc, path, "the clean room's lock") from None
         # the file we locked must still be the one at the path (a holder unlinks it on release)
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if same:
@@ -346,21 +364,24 @@ def locked(room: Room) -> Iterator[None]:
         raise LockedError(f"could not take the lock {path}", where=str(path), hint="run the command again")
     record = {"pid": os.getpid(), "host": socket.gethostname(),
               "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)[:300]}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    except OSError as exc:
+        guard.release_lock(path, fd)
+        raise os_error(exc, path, "the clean room's lock") from None
     _HELD[key] = (fd, 1)
     try:
         for leftover in (room.workspace / f".{room.path.name}.deleting", room.workspace / f".{room.path.name}.creating"):
-            if leftover.exists():
-                shutil.rmtree(leftover, ignore_errors=True)
+            if guard.remove_leftover(leftover, "what an interrupted run leaves"):
                 log.warning("removed %s, left by an interrupted run", leftover)
         room.recover()
         yield
     finally:
         del _HELD[key]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
+        guard.release_lock(path, fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

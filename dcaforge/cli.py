@@ -1,60 +1,58 @@
-"""The command line: the typer app, its global options (``-v``, ``--version``) and its commands,
-one line each; what each command does and prints is in :mod:`dcaforge.commands`."""
+"""The command line's entry point (``dcaforge``, ``python -m dcaforge.cli``).
+
+:func:`main` puts the signal handlers in place before anything heavy is imported (the typer app,
+rich, GitPython: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
+while Python is still importing, ends the run with exit 130 and a message, never a traceback. The
+app itself (its options and commands) is :mod:`dcaforge.commands.app`; ``dcaforge.cli.app`` names it.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from . import __version__
-from .commands import apply, build, calibrate, gate, patch, render, status, tryout
-from .commands.common import out, run_from, setup_logging
-
-#: plain help (``-c, --config CONFIG``, flags without a type label, at most 80 columns wide); shell
-#: completion: ``dcaforge --install-completion`` (bash, zsh, fish) or ``--show-completion``
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Keep a patch series and a templated feature on top of llama.cpp, in a clean room.")
+#: The exit code of an interrupted run (dcaforge.errors.EXIT_INTERRUPTED, without importing it first).
+_INTERRUPTED = 130
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # the same cleanup as Ctrl-C: the room is left at its last completed step
 
 
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"dcaforge {__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _main(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log every command run")] = False,
-          version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
-                                                callback=_version)] = False) -> None:
-    setup_logging(verbose)
-
-
-# each command's line in `dcaforge --help` (its docstring, in full, heads its own --help)
-app.command(short_help="make or refresh the clean room: series, baseline, feature")(apply.apply)
-app.command(short_help="render the feature's templates into the clean room")(render.render)
-app.command(short_help="count the feature's edits that fit another llama.cpp tree")(render.drift)
-app.command(short_help="write the clean room's changes as the feature's patch")(patch.capture)
-app.command(short_help="write the clean room's changes back into the templates")(patch.templatize)
-app.command(short_help="prove the patch round-trips (and equals a fresh render)")(patch.verify)
-app.command(short_help="where the clean room stands")(status.status)
-app.command(short_help="build the clean room: llama-server, llama-cli, ...")(build.build)
-app.command(short_help="run the config's acceptance gates on the builds")(gate.gate)
-app.command("try", short_help="serve a GGUF past its trained context with DCA, answer a prompt")(tryout.try_)
-app.command(short_help="measure a model's DCA sizes, write them into a copy of its GGUF")(calibrate.calibrate)
+def _say_interrupted() -> None:
+    sys.stderr.write("interrupted: stopped outside any step that writes (nothing was left half-written)\n"
+                     "  next: run the same command again\n")
 
 
 def main() -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
-    run_from(sys.argv[1:])
-    app(prog_name="dcaforge")  # the name completion keys on (_DCAFORGE_COMPLETE), however it was started
+    told = None
+    try:
+        from .commands import common
+        from .commands.app import app
+
+        told = common.interrupt_told
+        common.run_from(sys.argv[1:])
+        app(prog_name="dcaforge")  # the name completion keys on (_DCAFORGE_COMPLETE), however it was started
+    except KeyboardInterrupt:
+        if told is None or not told():
+            _say_interrupted()
+        sys.exit(_INTERRUPTED)
+    except SystemExit as exc:
+        # typer ends a KeyboardInterrupt it caught itself (outside a command's work) with exit 130, silently
+        if exc.code == _INTERRUPTED and (told is None or not told()):
+            _say_interrupted()
+        raise
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from dcaforge.cli import app`: the typer app, imported when first asked for
+        from .commands.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

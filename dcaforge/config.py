@@ -7,7 +7,9 @@ dcaforge is installed from (``root: ..``, so its paths resolve to the repository
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -222,12 +224,12 @@ TOP_KEYS = {"root", "name", "cleanroom", "source", "llama_cpp_dir", "bootstrap",
 def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
     """The config to use: ``-c``, else ./dcaforge.yaml, else the built-in default."""
     if explicit is not None:
-        if not explicit.is_file():
+        if not _config_file(explicit):
             raise ConfigError(f"config file not found: {explicit}", where=str(explicit),
                               hint="pass an existing file to -c/--config, or omit it to use ./dcaforge.yaml")
         return explicit
     local = (cwd or Path.cwd()) / DEFAULT_CONFIG_NAME
-    if local.is_file():
+    if _config_file(local):
         return local
     if not BUILTIN_CONFIG.is_file():
         raise ConfigError(f"no {DEFAULT_CONFIG_NAME} here and no built-in default at {BUILTIN_CONFIG} (this dcaforge "
@@ -236,6 +238,25 @@ def find_config(explicit: Path | None, cwd: Path | None = None) -> Path:
                                "of a dcaforge checkout; or install dcaforge again from its checkout (pip install . "
                                "there), which carries the built-in default")
     return BUILTIN_CONFIG
+
+
+def is_requirement(text: str) -> bool:
+    """Whether ``text`` is a PyPI requirement dcaforge hands to pip: a package name (extras allowed)
+    and version specifiers, never a URL, a file or a pip option."""
+    return len(text) <= 200 and _REQUIREMENT_RE.match(text) is not None
+
+
+def _config_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; a folder on its way that cannot be entered is an error
+    that says so (not "not found")."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except PermissionError:
+        raise ConfigError(f"cannot read the config {path}: permission denied (a folder on its path cannot be entered)",
+                          where=str(path), hint="make that folder enterable for you (`chmod u+x` on it), or pass a "
+                                                "config you can read with -c") from None
+    except (OSError, ValueError):
+        return False
 
 
 def load_config(explicit: Path | None = None, cwd: Path | None = None) -> Config:
@@ -312,7 +333,7 @@ def parse_config(path: Path) -> Config:
     else:
         src.check_keys({"pypi", "subdir"})
         req = src.get("pypi", str, required=True)
-        if not _REQUIREMENT_RE.match(req):
+        if not is_requirement(req):
             raise src.error("pypi", f"'source.pypi' must be a package name with a version, like "
                                     f"llama-cpp-python==0.3.36, got {req!r}",
                             hint="a name and '==VERSION' (no URL, no pip option): the sdist is downloaded once and kept")

@@ -27,9 +27,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import guard
 from .cleanroom import BASELINE_TAG, Room
-from .config import Config, PypiSource
-from .errors import DcaforgeError
+from .config import Config, PypiSource, is_requirement
+from .errors import ConfigError, DcaforgeError
 from .manifest import load_manifest
 from .render import EditReport, anchor_literal, closest_lines, plan
 from .source import prepare_pypi
@@ -229,9 +230,28 @@ def files_of(cfg: Config) -> dict[int, tuple[str, ...]]:
     return {e.index: e.files for e in load_manifest(cfg.feature.templates).edits}
 
 
-def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = None) -> Canary:
+def sdist_requirement(sdist: str, trust: bool) -> str:
+    """The pip requirement of ``drift --sdist``: a llama-cpp-python version (PEP 440, checked:
+    :func:`dcaforge.guard.pep440_version`), nothing else pip could read as a path, a URL or an
+    option; with ``trust`` (--trust) also a package name with version specifiers
+    (``llama-cpp-python==0.3.36``, ``my-fork>=1.0``), never a URL, a file or an option."""
+    hint = ("give a llama-cpp-python version, e.g. `dcaforge drift --sdist 0.3.36`; a package name with version "
+            "specifiers (llama-cpp-python==0.3.36) needs --trust")
+    if trust and ("=" in sdist or "<" in sdist or ">" in sdist or not sdist[:1].isdigit()):
+        if not is_requirement(sdist):
+            raise ConfigError(f"--sdist must be a version or a package name with version specifiers, got {sdist!r}",
+                              where="the command line (--sdist)",
+                              hint="e.g. `dcaforge drift --sdist 0.3.36` or --sdist llama-cpp-python==0.3.36 (no URL, file or "
+                                   "pip option)")
+        return sdist
+    version = guard.pep440_version(sdist, what="--sdist", where="the command line (--sdist)", hint=hint)
+    return f"llama-cpp-python=={version}"
+
+
+def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = None, trust: bool = False) -> Canary:
     """``dcaforge drift``: the feature's anchors against a llama.cpp tree (a folder or the
-    ``vendor/llama.cpp`` of the llama-cpp-python sdist ``sdist``), classified."""
+    ``vendor/llama.cpp`` of the llama-cpp-python sdist ``sdist``, a version: :func:`sdist_requirement`),
+    classified."""
     if (tree_dir is None) == (sdist is None):
         raise DcaforgeError("give exactly one of --tree DIR and --sdist VERSION",
                             hint="e.g. `dcaforge drift --sdist 0.3.36`")
@@ -242,8 +262,7 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
             raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
         tree, label = DirTree(tree_dir), str(tree_dir)
     else:
-        version = sdist or ""
-        req = version if "==" in version else f"llama-cpp-python=={version}"
+        req = sdist_requirement(sdist or "", trust)
         base = prepare_pypi(PypiSource(req, "vendor/llama.cpp"))
         tree, label = GitTree(Path(base.clone_url), base.ref), f"{req} [vendor/llama.cpp]"
     manifest = load_manifest(cfg.feature.templates)

@@ -6,11 +6,17 @@ the build would compile and link.
   folder of small scripts named like cosmocc's binaries; under ``-n`` make runs none of them except
   ``mkdeps``, which remakes the included ``o//depend``). The printed commands give, per object,
   its compile command, and per archive and program, its ``ar``/link command.
-- :func:`script_dry_run`: the GPU library script run with a stand-in ``nvcc`` (first on PATH, as
-  ``$CUDACXX`` and as ``$CUDA_PATH/bin/nvcc``, where llamafile 0.10.x's cuda.sh looks) that records
-  its arguments and writes an empty output; gcc/g++ (which 0.10.x's script calls for ggml's core) are
-  stand-ins too and ``HOME`` is the scratch folder (it builds in ``$HOME/.cache``). The recorded
+- :func:`script_dry_run`: the GPU library script run with a stand-in ``nvcc`` that records its
+  arguments and writes an empty output, wherever the script looks for its compiler: first on PATH
+  (and PATH's folders that hold a real ``nvcc`` or ``hipcc`` left out), ``CUDACXX`` and ``NVCC``,
+  and ``$CUDA_PATH/bin/nvcc``, ``$CUDA_HOME/bin/nvcc`` and the like (llamafile 0.10's cuda.sh runs
+  ``${CUDA_PATH:-/usr/local/cuda}/bin/nvcc``); ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR`` point into
+  the scratch folder too, so what the script cleans or caches under them stays there; gcc, g++, cc,
+  c++ and strip (which 0.10.x's script calls for ggml's core) are stand-ins too. The recorded
   flags are what :func:`nvcc_compile_args` reuses to compile single translation units with the real nvcc.
+
+Both run code of the tree (make evaluates the Makefile's ``$(shell ...)`` even under ``-n``), so
+:func:`dcaforge.build.dry_run` runs them only with the user's consent.
 - :func:`host_compile_args`: a cosmocc compile command as the host's gcc/g++ takes it (cosmocc's
   own flags such as ``-mcosmo`` dropped), to compile a translation unit with the dry run's flags.
 
@@ -140,12 +146,25 @@ def parse_commands(text: str) -> list[Command]:
     return out
 
 
+def scratch_env(scratch: Path) -> dict[str, str]:
+    """``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR`` inside ``scratch``, and no make settings from the
+    environment (``MAKEFLAGS``, ``MAKEFILES`` would add options and makefiles): what a dry run's
+    commands write under them stays in the scratch folder."""
+    home = scratch / "home"
+    for d in (home / ".cache", scratch / "tmp"):
+        d.mkdir(parents=True, exist_ok=True)
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "TMPDIR": str(scratch / "tmp"),
+            "MAKEFLAGS": "", "MFLAGS": "", "GNUMAKEFLAGS": "", "MAKEFILES": ""}
+
+
 def make_dry_run(tree: Path, targets: list[str], *, cosmocc: Path, make: str = "make",
-                 extra: list[str] | None = None) -> MakeDryRun:
+                 extra: list[str] | None = None, scratch: Path | None = None) -> MakeDryRun:
     """``make -n`` of ``targets`` in ``tree`` with the stand-in ``cosmocc`` (made by
-    :func:`cosmocc_standin`). Raises CommandError when make fails (e.g. a source it needs is missing)."""
-    argv = [make, "-n", "--no-print-directory", f"COSMOCC={cosmocc}", *(extra or []), *targets]
-    res = run(argv, tree, check=False, what="make -n (dry run)", env={"LC_ALL": "C"})
+    :func:`cosmocc_standin`; ``scratch``: the folder for :func:`scratch_env`, default beside it).
+    Raises CommandError when make fails (e.g. a source it needs is missing)."""
+    argv = [make, "-n", "--no-print-directory", f"COSMOCC={cosmocc}", *(extra or []), "--", *targets]
+    env = {"LC_ALL": "C", **scratch_env(scratch or cosmocc.parent)}
+    res = run(argv, tree, check=False, what="make -n (dry run)", env=env)
     if not res.ok:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
         raise CommandError(f"make -n failed (exit {res.returncode}) in {tree}", where=shlex.join(argv),
@@ -189,29 +208,49 @@ class ScriptDryRun:
         return out
 
 
-#: stand-ins the GPU script finds: nvcc (first on PATH, $CUDACXX and $CUDA_PATH/bin) and the host
-#: compilers and strip (llamafile 0.10.x's script compiles ggml's core with gcc/g++ itself)
+#: stand-ins the GPU script finds: nvcc (everywhere: compiler_standins) and the host compilers and strip
+#: (llamafile 0.10.x's script compiles ggml's core with gcc/g++ itself)
 SCRIPT_TOOLS = ("nvcc", "gcc", "g++", "cc", "c++", "strip")
+
+
+#: The GPU compilers a build script may find on PATH: folders holding one are left out of its PATH.
+GPU_COMPILERS = ("nvcc", "hipcc")
+#: Where build scripts look for a CUDA (or ROCm) toolkit besides PATH (``$X/bin/nvcc``): all the stand-in.
+TOOLKIT_VARS = ("CUDA_PATH", "CUDA_HOME", "CUDA_ROOT", "CUDA_TOOLKIT_ROOT_DIR", "CUDAToolkit_ROOT", "CUDA_BIN_PATH",
+                "HIP_PATH", "ROCM_PATH")
+
+
+def _path_without_compilers(path: str) -> str:
+    """``path`` without its folders that hold one of :data:`GPU_COMPILERS`."""
+    keep = [d for d in path.split(os.pathsep)
+            if d and not any(os.access(os.path.join(d, c), os.X_OK) for c in GPU_COMPILERS)]
+    return os.pathsep.join(keep)
+
+
+def compiler_standins(scratch: Path, log: Path) -> dict[str, str]:
+    """The environment in which every way a script finds nvcc finds the recording stand-in: a toolkit
+    folder ``scratch/toolkit`` (``bin/nvcc`` and the host compilers of :data:`SCRIPT_TOOLS`) first on PATH, as ``CUDACXX`` and ``NVCC``, and as every
+    toolkit variable (:data:`TOOLKIT_VARS`); PATH's folders holding a real GPU compiler are left out;
+    ``HOME`` and the rest inside ``scratch`` (:func:`scratch_env`)."""
+    toolkit = scratch / "toolkit"
+    bin_dir = write_recorders(toolkit / "bin", SCRIPT_TOOLS, log)
+    nvcc = str(bin_dir / "nvcc")
+    return {**scratch_env(scratch), "PATH": os.pathsep.join(p for p in (str(bin_dir), _path_without_compilers(
+        os.environ.get("PATH", ""))) if p), "CUDACXX": nvcc, "NVCC": nvcc, **dict.fromkeys(TOOLKIT_VARS, str(toolkit))}
 
 
 def script_dry_run(tree: Path, script: str, args: list[str], scratch: Path,
                    env: dict[str, str] | None = None) -> ScriptDryRun:
-    """Run the GPU library script with recording stand-ins (:data:`SCRIPT_TOOLS`) first on PATH, as
-    ``$CUDACXX`` and as ``$CUDA_PATH/bin/nvcc``, and ``HOME`` in ``scratch`` (0.10.x's script builds in
-    ``$HOME/.cache``); the script itself runs for real, no compiler does."""
+    """Run the GPU library script with the recording ``nvcc`` wherever it looks for one
+    (:func:`compiler_standins`); the script itself runs for real (only with consent: see the
+    module's doc), no compiler does. Pass no ``--clean`` in ``args``: a dry run deletes nothing."""
     log = scratch / "nvcc-calls.jsonl"
     if log.exists():
         log.unlink()
-    bin_dir = write_recorders(scratch / "bin", SCRIPT_TOOLS, log)
-    cuda = scratch / "cuda"
-    write_recorders(cuda / "bin", ("nvcc",), log)
-    home = scratch / "home"
-    home.mkdir(parents=True, exist_ok=True)
     path = tree / script
     argv = [str(path)] if os.access(path, os.X_OK) else ["sh", str(path)]
     argv += args
-    full_env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "CUDACXX": str(bin_dir / "nvcc"),
-                "CUDA_PATH": str(cuda), "HOME": str(home), **(env or {})}
+    full_env = {**(env or {}), **compiler_standins(scratch, log)}
     res = run(argv, tree, check=False, what=f"{script} (dry run)", env=full_env)
     if not res.ok:
         raise CommandError(f"{script} failed with the stand-in nvcc (exit {res.returncode})", where=str(path),

@@ -2,7 +2,8 @@
 
 Every error carries what failed (``message``), where (``where``: a file, a line, a patch, a
 path) and what to do next (``hint``: usually the next command to run). The CLI prints these
-and exits with ``exit_code``; nothing else is caught there.
+and exits with ``exit_code``; besides them it catches only an interrupt (exit 130) and, as a last
+resort, an OS error the library did not turn into one of these (told the same way, exit 1).
 """
 
 from __future__ import annotations

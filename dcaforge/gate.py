@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ruler
+from . import guard, ruler
 from .build import baseline_path
 from .cleanroom import Room, write_atomic
 from .config import Config, GateConfig
@@ -221,7 +221,12 @@ class _Ctx:
         self.logs = self.out / "logs"
         self.last_rc = 0  # the exit status of the last run()
         self.models = self.out / "models"
-        if self.logs.is_dir():  # this run's logs only
+        # dcaforge's own folders: never a symlink out (the old logs are deleted, models written there)
+        for folder, what in ((self.out, "the gates' output folder"), (self.logs, "the gates' log folder"),
+                             (self.models, "the gates' model folder")):
+            guard.own_folder(folder, what, hint=f"move it away: dcaforge makes {what} itself, in the workspace "
+                                                "(<workspace>/<name>-gates); then run the same `dcaforge gate` again")
+        if self.logs.is_dir():  # this run's logs only (a link is removed as a link)
             for old in self.logs.glob("*.log"):
                 old.unlink()
         self.logs.mkdir(parents=True, exist_ok=True)

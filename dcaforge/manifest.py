@@ -19,7 +19,7 @@ from typing import Any
 
 import jinja2
 
-from . import confine, sandbox
+from . import confine, guard, sandbox
 from .errors import ConfigError
 from .yamlio import Reader, load_yaml
 
@@ -133,7 +133,7 @@ def _text(r: Reader, folder: Path, *, required: bool) -> tuple[str | None, str |
         return r.get("text", str), None
     rel = _feature_file(r, "text_file", name, folder)
     try:
-        source = (folder / rel).read_text(encoding="utf-8")
+        source = guard.read_regular(folder / rel, what="the text file").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise r.error("text_file", f"'{r.key('text_file')}': {folder / rel} is not UTF-8 text ({exc.reason})") from None
     return source, rel
@@ -234,6 +234,7 @@ def load_manifest(folder: Path) -> Manifest:
 def manifest_digest(folder: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(folder).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+        if guard.regular_file(p) and guard.inside(p, folder):  # (a link out of the folder is no template)
+            h.update(p.relative_to(folder).as_posix().encode() + b"\0" + guard.read_regular(p, what="the feature's file")
+                     + b"\0")
     return h.hexdigest()

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import SecurityError
 
-from . import confine, sandbox, shellscan
+from . import confine, guard, sandbox, shellscan
 from .blame import attribute
 from .cleanroom import START_TAG, Room, locked, write_atomic
 from .config import Config
@@ -468,7 +468,7 @@ def _current(path: Path) -> tuple[bytes, int] | None:
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    return path.read_bytes(), (0o755 if st.st_mode & 0o111 else 0o644)
+    return guard.read_regular(path, what="the clean room's file", follow=False), (0o755 if st.st_mode & 0o111 else 0o644)
 
 
 def hand_edited_files(room: Room, state: dict[str, Any]) -> list[str]:

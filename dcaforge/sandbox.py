@@ -19,6 +19,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from . import guard
+
 #: Characters a render may produce (the largest shipped template renders to about 40 KiB).
 MAX_OUTPUT = 64 * 1024 * 1024
 #: Seconds one render may take.
@@ -38,12 +40,30 @@ class _ConfinedLoader(jinja2.FileSystemLoader):
     """Templates (and their includes) only from files whose real path is inside the folder."""
 
     def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Callable[[], bool]]:
-        source, filename, uptodate = super().get_source(environment, template)
-        real = os.path.realpath(filename)
-        roots = [os.path.realpath(p) for p in self.searchpath]
-        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-            raise SecurityError(f"template {template!r} resolves to {real}, outside the feature folder")
-        return source, filename, uptodate
+        # checked before anything is read: the file resolves inside the folder and is a regular file
+        # (a FIFO would block, a device never end), read bounded (dcaforge.guard)
+        pieces = jinja2.loaders.split_template_path(template)
+        for search in self.searchpath:
+            filename = os.path.join(search, *pieces)
+            if not os.path.lexists(filename):
+                continue
+            real = os.path.realpath(filename)
+            if not guard.inside(real, search):
+                raise SecurityError(f"template {template!r} resolves to {real}, outside the feature folder")
+            try:
+                source = guard.read_regular(Path(filename), what="the template").decode(self.encoding)
+            except UnicodeDecodeError as exc:
+                raise SecurityError(f"template {template!r} is not {self.encoding} text ({exc.reason})") from None
+            mtime = os.path.getmtime(filename)
+
+            def uptodate(filename: str = filename, mtime: float = mtime) -> bool:
+                try:
+                    return os.path.getmtime(filename) == mtime
+                except OSError:
+                    return False
+
+            return source, os.path.normpath(filename), uptodate
+        raise jinja2.TemplateNotFound(template)
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):

@@ -34,12 +34,14 @@ from .git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run_st
 
 
 def cache_root() -> Path:
-    """``$DCAFORGE_CACHE``, else ``$XDG_CACHE_HOME/dcaforge``, else ``~/.cache/dcaforge``."""
+    """``$DCAFORGE_CACHE``, else ``$XDG_CACHE_HOME/dcaforge``, else ``~/.cache/dcaforge``; a relative
+    ``XDG_CACHE_HOME`` is ignored (the XDG spec: it is invalid), so the cache never lands in the
+    folder the user stands in (a checkout)."""
     env = os.environ.get("DCAFORGE_CACHE")
     if env:
         return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "dcaforge"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "dcaforge"
 
 
 @dataclass(frozen=True)

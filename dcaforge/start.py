@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import confine
+from . import confine, guard
 from . import trust as consent
 from .bootstrap import SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
 from .cleanroom import BASELINE_TAG, START_TAG, Room
@@ -135,9 +135,8 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
     room.workspace.mkdir(parents=True, exist_ok=True)
     tmp = room.workspace / f".{room.path.name}.creating"
     modules = room.workspace / f".{room.path.name}.modules"  # stand-ins for the checkout's submodule clones
-    for old in (tmp, modules):
-        if old.exists():
-            shutil.rmtree(old)
+    guard.remove_leftover(tmp, "a clean room being made")
+    guard.remove_leftover(modules, "the stand-ins for the source checkout's submodule clones")
     step = on_step or (lambda s: None)
     try:
         step(f"cloning {base.description}")

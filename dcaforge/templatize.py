@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -33,9 +34,11 @@ from typing import Any
 
 import yaml
 
-from .cleanroom import BASELINE_TAG, Room, locked
+from . import confine, guard
+from .bookkeeping import check_outside_trees
+from .cleanroom import BASELINE_TAG, Room, locked, write_all_atomic
 from .config import Config, is_packaged, read_only_default
-from .errors import DcaforgeError
+from .errors import DcaforgeError, SafetyError
 from .git import git, run
 from .manifest import EditSpec, Manifest, load_manifest, manifest_digest
 from .render import apply_edit, find_anchor, plan, render_template
@@ -175,11 +178,12 @@ def feature_of(room: Path, base_rev: str, prefix: str) -> Feature:
         rel = path[len(prefix) + 1:] if prefix else path
         file = room / path
         old = git(room, "cat-file", "-p", f"{base_tree}:{path}", check=False)
-        if not file.exists():
+        if not os.path.lexists(file):
             raise DcaforgeError(f"{path} was deleted: templates cannot delete files", where=str(file),
                                 hint=f"restore it: `git -C {shlex.quote(str(room))} checkout {BASELINE_TAG} -- {shlex.quote(path)}`")
+        _refuse_link(room, path, file)
         try:
-            new = file.read_text(encoding="utf-8")
+            new = guard.read_regular(file, what="the clean room's file", follow=False).decode("utf-8")
         except UnicodeDecodeError as e:
             raise DcaforgeError(f"{path} is not UTF-8 text: templates hold text only", where=str(file)) from e
         feature.expected[path] = new
@@ -192,6 +196,21 @@ def feature_of(room: Path, base_rev: str, prefix: str) -> Feature:
             raise DcaforgeError(f"{path} changed its exec bit: templates cannot express that", where=str(file))
         feature.edits.extend(file_edits(rel, old.stdout, new))
     return feature
+
+
+def _refuse_link(room: Path, path: str, file: Path) -> None:
+    """A symlink in the room is never followed into the templates (its target's bytes, a key or a
+    token outside the room, would become part of the feature): refused, naming it and its target."""
+    if not file.is_symlink():
+        return
+    target = os.readlink(file)
+    out = not guard.inside(file, room) or guard.inside(file, room / ".git")
+    raise SafetyError(
+        f"{path} is a symlink to {target}" + (", outside the clean room" if out else "")
+        + ": templates hold files' text, never a link, and templatize copies nothing a link points at",
+        where=str(file),
+        hint=f"replace the link with the file you mean (or remove it: `rm {shlex.quote(str(file))}`), then run "
+             "`dcaforge templatize` again")
 
 
 # --- merging with the old manifest: what was written by hand survives --------------------
@@ -296,7 +315,7 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
         tpl = o.template if o is not None else (Path("files") / f"{dest}.j2").as_posix()
         body = generated
         if o is not None and old is not None:
-            source = (old.folder / o.template).read_text(encoding="utf-8")
+            source = _read_feature_file(old.folder, o.template)
             if source != generated and render(old.folder, source, str(old.folder / o.template)) == text:
                 body = source  # renders to the room's file as it is: keep it, Jinja and all
             elif source != generated and hand_written(source):
@@ -314,7 +333,7 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
         generated_dests = {d for d, _t, _m in feature.files}
         for spec, (_dest, status) in zip(old.files, old_report.files, strict=True):
             if spec.dest not in generated_dests and status == "skipped":  # for other trees: keep
-                out.templates[spec.template] = (old.folder / spec.template).read_text(encoding="utf-8")
+                out.templates[spec.template] = _read_feature_file(old.folder, spec.template)
                 out.files.append(_file_dict(spec.template, spec.dest, None if spec.mode is None else f"0{spec.mode:o}", spec))
                 out.kept += 1
         # the old bodies are written again from the entries that still use them (_bodies_to_files)
@@ -322,8 +341,9 @@ def merge(cfg: Config, feature: Feature, old: Manifest | None, tree: Tree, scrat
             | {a.text_file for e in old.edits for a in e.alternatives if a.text_file is not None}
         for p in sorted(old.folder.rglob("*")):
             rel = p.relative_to(old.folder).as_posix()
-            if p.is_file() and rel != "manifest.yaml" and rel not in used and rel not in out.templates:
-                out.extra.append(rel)
+            if (p.is_symlink() or guard.regular_file(p)) and rel != "manifest.yaml" and rel not in used \
+                    and rel not in out.templates:
+                out.extra.append(rel)  # kept where it is, as it is (a link stays a link)
 
     # edits, file by file in the order templatize lists them
     old_edits = list(old.edits) if old is not None else []
@@ -428,38 +448,100 @@ def _bodies_to_files(out: _Merged) -> None:
             d.update(items)
 
 
+def _read_feature_file(folder: Path, rel: str) -> str:
+    """A file of the feature folder, read only when it is (resolves to) a regular file inside it."""
+    path = folder / rel
+    if not guard.inside(path, folder):
+        raise SafetyError(f"{path} leads out of the feature folder (to {os.path.realpath(path)}); refusing to read it",
+                          where=str(path), hint="replace the link with the file itself, then run `dcaforge templatize` again")
+    return guard.read_regular(path, what="the feature's file").decode("utf-8")
+
+
+def _scratch_folder(merged: _Merged, old: Manifest | None, scratch: Path, manifest: str) -> Path:
+    """The new feature folder, laid out in ``scratch`` (never beside the real one) for the check that
+    it renders back: the new templates, the old folder's other files (their bytes when they are
+    files inside the folder: a link out is left out, the renderer refuses it anyway) and the manifest."""
+    tmp = scratch / "feature"
+    tmp.mkdir()
+    for rel, text in merged.templates.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text, encoding="utf-8", newline="")
+    for rel in merged.extra:
+        assert old is not None
+        src = old.folder / rel
+        if guard.regular_file(src) and guard.inside(src, old.folder):
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(guard.read_regular(src, what="the feature's file"))
+    (tmp / "manifest.yaml").write_text(manifest, encoding="utf-8", newline="")
+    return tmp
+
+
+def _current_bytes(path: Path, folder: Path) -> bytes | None:
+    """What ``path`` holds now when it is a file inside ``folder`` (a link inside counts by its
+    target's bytes, so an unchanged linked template is left alone), else None."""
+    if not guard.regular_file(path) or not guard.inside(path, folder):
+        return None
+    return guard.read_regular(path, what="the feature's file")
+
+
 def write_feature(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> tuple[_Merged, dict[str, tuple[bytes, int]]]:
-    """Write manifest.yaml and the templates into a fresh folder, check that it renders the room's
-    files exactly, and only then replace the old folder; returns what the new folder renders."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """Write manifest.yaml and the templates into the feature folder, in place and only inside it,
+    once a copy of the new folder (in a scratch folder elsewhere) is checked to render the room's
+    files exactly; returns what the new folder renders.
+
+    Only files whose bytes change are written (through a temporary file and a rename beside each:
+    a link is replaced, never written through; no folder on the way may be a link); the old
+    folder's other files, its symlinks and its empty folders stay as they are; templates the new
+    manifest no longer uses are removed (the folders that leaves empty too). A feature folder inside
+    the source checkout, a git directory or the clean-room workspace is refused before anything is written."""
+    check_outside_trees(cfg, folder, "the feature folder",
+                        hint="keep the feature folder outside git directories, the source checkout (dcaforge only "
+                             "reads it) and 'cleanroom:', e.g. beside the config, and set feature.templates to it")
+    guard.own_folder(folder, "the feature folder")
+    folder.mkdir(parents=True, exist_ok=True)
     old = load_manifest(folder) if (folder / "manifest.yaml").is_file() else None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    scratch = Path(tempfile.mkdtemp(prefix=".templatize-"))
+    scratch = Path(tempfile.mkdtemp(prefix="dcaforge-templatize-"))
     try:
         merged = merge(cfg, feature, old, tree, scratch)
-        for rel, text in merged.templates.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text, encoding="utf-8", newline="")
-        for rel in merged.extra:
-            assert old is not None
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(old.folder / rel, tmp / rel)
         doc = yaml.dump({"files": merged.files, "edits": merged.edits}, Dumper=_Dumper, sort_keys=False, width=1000,
                         allow_unicode=True)
-        (tmp / "manifest.yaml").write_text(HEADER + doc, encoding="utf-8", newline="")
-        outputs = _check_renders_back(cfg, feature, tmp, tree)
-        if folder.exists():
-            backup = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            folder.rename(backup)
-            tmp.rename(folder)
-            shutil.rmtree(backup)
-        else:
-            tmp.rename(folder)
+        manifest = HEADER + doc
+        outputs = _check_renders_back(cfg, feature, _scratch_folder(merged, old, scratch, manifest), tree)
+        wanted = {rel: text.encode("utf-8") for rel, text in merged.templates.items()}
+        wanted["manifest.yaml"] = manifest.encode("utf-8")
+        writes: list[tuple[Path, bytes, int | None]] = []
+        for rel, data in sorted(wanted.items()):
+            rel = confine.check_rel(rel, what="template", where=str(folder / "manifest.yaml"),
+                                    hint="name templates by paths inside the feature folder")
+            path = guard.no_link_between(folder, rel, f"the template {rel}")
+            if _current_bytes(path, folder) != data:
+                writes.append((path, data, None if path.is_file() and not path.is_symlink() else 0o644))
+        write_all_atomic(writes, "the feature's templates")
+        if old is not None:  # what the old manifest used and the new one does not
+            keep = set(wanted) | set(merged.extra)
+            gone = sorted(({f.template for f in old.files} | {e.text_file for e in old.edits if e.text_file}
+                           | {a.text_file for e in old.edits for a in e.alternatives if a.text_file}) - keep)
+            _remove(folder, gone)
         return merged, outputs
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove(folder: Path, rels: list[str]) -> None:
+    """Remove the files ``rels`` of the feature folder (a link as a link), then the folders that
+    leaves empty (never one that was empty before)."""
+    emptied: set[Path] = set()
+    for rel in rels:
+        path = folder / rel
+        if confine.path_problem(rel) or not guard.inside(path.parent, folder) or not os.path.lexists(path):
+            continue
+        if path.is_symlink() or guard.regular_file(path):
+            path.unlink()
+            emptied.add(path.parent)
+    for d in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+        while d != folder and guard.inside(d, folder) and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
 
 
 def _check_renders_back(cfg: Config, feature: Feature, folder: Path, tree: Tree) -> dict[str, tuple[bytes, int]]:

@@ -21,8 +21,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from . import guard
 from .cleanroom import BASELINE_TAG, Room
-from .errors import DcaforgeError
+from .errors import DcaforgeError, SafetyError
 from .git import git, git_out, rev_parse
 
 #: Files the drift check searches for an identifier.
@@ -82,43 +83,74 @@ class GitTree:
 
 
 class DirTree:
-    """A plain folder (``render --check --tree DIR``)."""
+    """A plain folder (``render --check --tree DIR``, ``drift --tree DIR``), read as a tree is: regular
+    files inside the folder only (:mod:`dcaforge.guard`). A symlink that leads out of the folder is
+    refused when a file is asked for by name and left out of listings and searches; a FIFO, device
+    or socket is never opened (no hang); a file past :data:`dcaforge.guard.TREE_FILE_LIMIT` or one
+    that cannot be read is an error naming it; dangling and looping symlinks are no files."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._real = Path(os.path.realpath(root))
         self._texts: dict[str, dict[str, str]] = {}
 
+    def _path(self, rel: str) -> Path:
+        """``root/rel``, or a SafetyError when it resolves out of the folder (through a symlink)."""
+        path = self.root / rel
+        if not guard.inside(path, self._real):
+            raise SafetyError(f"{path} leads out of the tree {self.root} (to {os.path.realpath(path)}); dcaforge reads "
+                              "no file outside the tree it checks", where=str(path),
+                              hint="check a copy of the tree without that symlink (or with what it points at copied in)")
+        return path
+
     def exists(self, rel: str) -> bool:
-        return (self.root / rel).exists()
+        return os.path.exists(self._path(rel))
 
     def is_file(self, rel: str) -> bool:
-        return (self.root / rel).is_file()
+        return guard.regular_file(self._path(rel))
 
     def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
+        return guard.read_regular(self._path(rel), what="the tree's file")
 
     def mode(self, rel: str) -> int:
-        return 0o755 if (self.root / rel).stat().st_mode & 0o111 else 0o644
+        try:
+            st = os.stat(self._path(rel))
+        except OSError as exc:
+            raise guard.read_error(exc, self.root / rel, "the tree's file") from None
+        return 0o755 if st.st_mode & 0o111 else 0o644
+
+    def _inside_file(self, path: Path) -> bool:
+        return guard.regular_file(path) and guard.inside(path, self._real)
 
     def listdir(self, folder: str) -> list[str]:
-        """Names of the files directly in ``folder``."""
-        path = self.root / folder.strip("/")
-        if not path.is_dir():
+        """Names of the (regular, inside) files directly in ``folder``."""
+        path = self._path(folder.strip("/")) if folder.strip("/") else self.root
+        try:
+            names = os.listdir(path)
+        except OSError:
             return []
-        return sorted(n for n in os.listdir(path) if (path / n).is_file())
+        return sorted(n for n in names if self._inside_file(path / n))
 
     def files_with(self, word: str, prefix: str) -> list[str]:
         """Code files under ``prefix`` (``""`` or ``dir/``) holding ``word`` as a word, relative to ``prefix``
-        (hidden folders and files of 4 MB or more left out; the texts are read once)."""
+        (hidden folders, files of 4 MB or more, and anything but regular files inside the tree left out;
+        the texts are read once)."""
         if prefix not in self._texts:
             texts = self._texts[prefix] = {}
-            root = self.root / prefix
-            for dirpath, dirnames, filenames in os.walk(root):
+            root = self._path(prefix.strip("/")) if prefix.strip("/") else self.root
+            for dirpath, dirnames, filenames in os.walk(root):  # (os.walk does not enter symlinked folders)
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 for n in filenames:
                     p = Path(dirpath) / n
-                    if n.endswith(CODE_EXTS) and p.stat().st_size < 4_000_000:
-                        texts[p.relative_to(root).as_posix()] = p.read_text(encoding="utf-8", errors="replace")
+                    if not n.endswith(CODE_EXTS) or not self._inside_file(p):
+                        continue
+                    try:
+                        if os.stat(p).st_size >= 4_000_000:
+                            continue
+                    except OSError:
+                        continue
+                    data = guard.read_regular(p, what="the tree's file", limit=4_000_000)
+                    texts[p.relative_to(root).as_posix()] = data.decode("utf-8", errors="replace")
         rx = re.compile(r"\b" + re.escape(word) + r"\b")
         return sorted(rel for rel, text in self._texts[prefix].items() if rx.search(text))
 

@@ -11,7 +11,9 @@ settings file (:func:`settings_path`, e.g. ``~/.config/dcaforge/settings.yaml``)
       - /home/me/work/                          # every config under this folder (a trailing /)
       - ~/src/dcaforge/examples/                # ~ is your home
 
-There is no environment variable that trusts a config. ``bootstrap: {patches: FOLDER}`` steps are
+There is no environment variable that trusts a config, and trust never comes from a relative
+settings path: a relative ``XDG_CONFIG_HOME`` is ignored (as the XDG spec says), and so is a
+relative ``HOME`` (either would make the folder the user stands in, a checkout, the one that trusts). ``bootstrap: {patches: FOLDER}`` steps are
 not commands (dcaforge applies those patches itself, confined like the series) and need no trust.
 """
 
@@ -21,25 +23,39 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import guard
 from .config import BUILTIN_CONFIG, BootstrapStep, Config, PypiSource, parse_config
 from .errors import ConfigError, DcaforgeError
 from .yamlio import Reader, load_yaml
 
+#: A config declares commands and is not trusted (the refusal of :func:`dcaforge.guard.require_consent`).
+TrustError = guard.ConsentError
 
-class TrustError(DcaforgeError):
-    """A config declares commands and is not trusted."""
+
+def settings_path() -> Path | None:
+    """``$XDG_CONFIG_HOME/dcaforge/settings.yaml``, else ``~/.config/dcaforge/settings.yaml``; a
+    relative ``XDG_CONFIG_HOME`` is ignored (the XDG spec: such a value is invalid), and with a
+    relative ``HOME`` there is no settings file (None): trust never comes from the current folder."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "dcaforge" / "settings.yaml"
+    try:
+        home = Path.home()
+    except (KeyError, RuntimeError):
+        return None
+    return home / ".config" / "dcaforge" / "settings.yaml" if home.is_absolute() else None
 
 
-def settings_path() -> Path:
-    """``$XDG_CONFIG_HOME/dcaforge/settings.yaml``, else ``~/.config/dcaforge/settings.yaml``."""
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".config") / "dcaforge" / "settings.yaml"
+def settings_label() -> str:
+    """The settings file's path, for messages (also when there is none)."""
+    path = settings_path()
+    return str(path) if path is not None else "~/.config/dcaforge/settings.yaml (with HOME set to an absolute path)"
 
 
 def trusted_entries(path: Path | None = None) -> list[str]:
     """The ``trusted:`` list of the settings file (none when there is no file)."""
     path = path or settings_path()
-    if not path.is_file():
+    if path is None or not os.path.exists(path):  # (a folder that cannot be entered: no file either)
         return []
     top = Reader(load_yaml(path), str(path))
     top.check_keys({"trusted"})
@@ -82,7 +98,7 @@ def trust_of(cfg: Config, flag: bool) -> Trust:
         return Trust(True, "the built-in default")
     for entry in trusted_entries():
         if _matches(config, entry):
-            return Trust(True, f"{settings_path()}: {entry}")
+            return Trust(True, f"{settings_label()}: {entry}")
     return Trust(False, "")
 
 
@@ -107,27 +123,28 @@ def require(cfg: Config, flag: bool) -> Trust | None:
     if t.trusted:
         return t
     shown = "\n".join(f"{s.where}:\n" + "\n".join("      " + ln for ln in full_text(s).splitlines()) for s in steps)
-    raise TrustError(
+    guard.require_consent(
+        False,
         f"{cfg.describe()} declares {len(steps)} command{'s' if len(steps) != 1 else ''} to run in the clean room "
         "(bootstrap:), and dcaforge runs a config's commands only when you trust it; nothing was run or made",
         where=f"{cfg.describe()} (bootstrap:)", details=shown,
         hint=f"read them; if you trust them, run `dcaforge apply --trust`, or add the config (or its "
-             f"folder, ending with /) to 'trusted:' in {settings_path()}")
+             f"folder, ending with /) to 'trusted:' in {settings_label()}")
+    return None  # not reached
 
 
 def require_download(cfg: Config, flag: bool, requirement: str, cache: Path) -> None:
     """pip prepares a downloaded sdist's metadata by running the package's build backend: that is a
     command too, run only for a trusted config, or for the requirement the built-in default names
     (``cache``: the folder where the sdist, put there by hand, is used without a download)."""
-    if trust_of(cfg, flag).trusted or requirement == _builtin_requirement():
-        return
-    raise TrustError(
+    guard.require_consent(
+        trust_of(cfg, flag).trusted or requirement == _builtin_requirement(),
         f"{cfg.describe()} asks for the sdist {requirement}, which is not in dcaforge's cache; downloading it runs "
         "its build backend (pip prepares an sdist's metadata with the package's own code), and dcaforge runs a "
         "config's commands only when you trust it; nothing was downloaded or made",
         where=f"{cfg.describe()} (source.pypi)",
         hint=f"if you trust the package, run `dcaforge apply --trust` (or list the config in "
-             f"{settings_path()}), or put its sdist into {cache} yourself")
+             f"{settings_label()}), or put its sdist into {cache} yourself")
 
 
 def _builtin_requirement() -> str | None:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import shellscan
+from . import guard, shellscan
 from .config import Config
 from .shellscan import Scan, glob_regex
 from .trees import GitTree, Overlay, Tree
@@ -384,6 +384,6 @@ def check_room(cfg: Config, tree_path: Path, baseline_rev: str, rendered: Iterab
     outputs: dict[str, tuple[bytes, int]] = {}
     for rel in rendered:
         p = tree_path / rel
-        if p.is_file():
-            outputs[rel] = (p.read_bytes(), 0o644)
+        if guard.regular_file(p) and not p.is_symlink():
+            outputs[rel] = (guard.read_regular(p, what="the rendered file", follow=False), 0o644)
     return check_wiring(cfg, GitTree(tree_path, baseline_rev), outputs)

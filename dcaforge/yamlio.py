@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from . import guard
+from .errors import ConfigError, DcaforgeError
 
 #: Larger YAML files are refused unread (the shipped manifest is about 60 KiB).
 MAX_YAML_BYTES = 8 * 1024 * 1024
@@ -120,10 +121,15 @@ def load_yaml(path: Path) -> Any:
         if size > MAX_YAML_BYTES:
             raise ConfigError(f"{path}: {size} bytes, more than dcaforge reads as YAML ({MAX_YAML_BYTES})",
                               where=str(path), hint="check that it is the file you meant")
-        data = path.read_bytes()
+        # a regular file only (a FIFO would block), bounded, every problem naming the file
+        data = guard.read_regular(path, what="the YAML file", limit=MAX_YAML_BYTES)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", where=str(path),
                           hint=f"check that {path} exists and is a readable file") from None
+    except DcaforgeError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(exc.message, where=exc.where, hint=exc.hint) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,6 +1,6 @@
 """``dcaforge build``: the clean room (or the baseline) built, with a progress bar on a terminal, then
 where the programs are; ``--dry-run``: cmake, configure only (into a scratch folder) and the plan;
-llamafile, its make and GPU script run dry, to show every added file is built."""
+llamafile, its make and GPU script run dry (with consent: ``--trust``), to show every added file is built."""
 
 from __future__ import annotations
 
@@ -33,15 +33,20 @@ def build(
     jobs: Annotated[int | None, typer.Option("-j", "--jobs", metavar="N", help="parallel jobs (default: build.jobs, else the cores)")] = None,
     dry: Annotated[bool, typer.Option("--dry-run", help="build nothing: cmake configures into a scratch folder and prints "
                                       "the plan (targets, where each lands, ninja's steps); llamafile runs its Makefile "
-                                      "with make -n and a stand-in cosmocc (and, with --cuda, the GPU script with a "
-                                      "recording nvcc) and checks that the feature's files are compiled and linked")] = False,
+                                      "with make -n and a stand-in cosmocc (and, with --cuda, the GPU script with "
+                                      "stand-in compilers, without --clean) and checks that the feature's files are "
+                                      "compiled and linked; deletes nothing, starts no compiler; llamafile's runs the "
+                                      "tree's code, so only with --trust or a trusted config")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="with --dry-run: run the tree's Makefile (make -n evaluates "
+                                        "its $(shell ...)) and GPU script although the config is not in your "
+                                        "settings' trusted list")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build the clean room (or the baseline) with cmake+ninja or llamafile's cosmocc make; print where the
     programs are (the built-in default builds llama-server, llama-cli, llama-completion, llama-perplexity,
     llama-passkey and libllama)."""
     if dry:
-        _dry_run(config, cuda, targets, as_json)
+        _dry_run(config, cuda, targets, as_json, trust)
         return
     cfg = load(config)
     tgts = [t for group in (targets or []) for t in group.split()]
@@ -98,13 +103,13 @@ def _progress() -> tuple[Progress, BuildHooks]:
     return bar, BuildHooks(on_step=on_step, on_progress=on_progress)
 
 
-def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json: bool) -> None:
+def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json: bool, trust: bool) -> None:
     cfg = load(config)
     tgts = [t for group in (targets or []) for t in group.split()]
     if cfg.build.backend == "cmake":
-        _cmake_plan(cfg, cuda, tgts, as_json)
+        _cmake_plan(cfg, cuda, tgts, as_json, trust)
         return
-    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=tgts or None))
+    rep = call(lambda: dry_run(cfg, cuda=cuda, programs=tgts or None, trust=trust))
     wiring = rep.wiring
     assert isinstance(wiring, WiringReport)
     if as_json:
@@ -138,12 +143,12 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json
     out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
 
 
-def _cmake_plan(cfg: Config, cuda: bool, tgts: list[str], as_json: bool) -> None:
+def _cmake_plan(cfg: Config, cuda: bool, tgts: list[str], as_json: bool, trust: bool) -> None:
     err.print(f"[bold]dcaforge build --dry-run[/] (cmake{', cuda' if cuda else ''}: configure only, into a scratch "
               f"folder) {escape(str(cfg.room))}", markup=True)
     bar, hooks = _progress()
     with bar:
-        plan = call(lambda: cmake_plan(cfg, cuda=cuda, targets=tgts or None, hooks=hooks))
+        plan = call(lambda: cmake_plan(cfg, cuda=cuda, targets=tgts or None, hooks=hooks, trust=trust))
     wiring = plan.wiring
     assert isinstance(wiring, WiringReport)
     if as_json:

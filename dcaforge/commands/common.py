@@ -46,11 +46,17 @@ _SUGGESTED = re.compile(r"`dcaforge ([a-z]+)((?: [^`]*)?)`")
 _HAS_CONFIG = re.compile(r"(?:^|\s)(?:-c|--config)(?:[\s=]|$)")
 _config: ContextVar[Path | None] = ContextVar("config", default=None)     # the -c of the command being run
 _argv: ContextVar[list[str] | None] = ContextVar("argv", default=None)    # its command line, when run from a shell
+_told: list[bool] = [False]  # an interrupt was told (by call()), so dcaforge.cli does not tell it again
 
 
 def run_from(argv: list[str]) -> None:
     """Record the command line as the user typed it (after ``dcaforge``), for :func:`call`'s generic next step."""
     _argv.set(list(argv))
+
+
+def interrupt_told() -> bool:
+    """Whether :func:`call` already told the user about an interrupt (and its next step)."""
+    return _told[0]
 
 
 def pasteable(text: str, config: Path | None = None) -> str:
@@ -81,6 +87,7 @@ def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
     try:
         return fn()
     except InterruptedRun as exc:
+        _told[0] = True
         err.print(f"[bold yellow]interrupted:[/] {escape(str(exc.message))}", markup=True)
         err.print(f"  [bold]next:[/] {escape(pasteable(str(exc.hint)))}", markup=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -95,9 +102,17 @@ def call(fn: Callable[[], T], interrupted: str | None = None) -> T:
         err.print(f"  [bold]next:[/] {escape(pasteable(str(hint)))}", markup=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
+        _told[0] = True
         err.print("[bold yellow]interrupted:[/] " + escape(interrupted or "nothing was left half-written; run the same "
                   "command again"), markup=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:  # one the library did not turn into a DcaforgeError: still what, where, next
+        name = exc.filename if exc.filename is not None else "?"
+        err.print(f"[bold red]error:[/] {escape(exc.strerror or str(exc))}: {escape(str(name))}", markup=True)
+        err.print(f"  [dim]where:[/] {escape(str(name))}", markup=True)
+        err.print("  [bold]next:[/] check that path (that it exists, is a regular file or folder you may read and "
+                  "write, and is not a link out of your folders), then run the same command again", markup=True)
+        raise typer.Exit(1) from None
 
 
 def print_json(command: str, result: Any, **extra: Any) -> None:

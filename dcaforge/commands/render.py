@@ -122,11 +122,13 @@ def drift(
     config: ConfigOpt = None,
     sdist: Annotated[str | None, typer.Option("--sdist", metavar="VERSION", help="a llama-cpp-python version (its vendor/llama.cpp)")] = None,
     tree: Annotated[Path | None, typer.Option("--tree", metavar="DIR", help="a llama.cpp tree (a folder)")] = None,
+    trust: Annotated[bool, typer.Option("--trust", help="let --sdist also be a package name with version specifiers "
+                                        "(pip runs that package's build backend)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Drift canary: count the feature's edits that fit, drifted or are absent on a llama.cpp tree."""
     cfg = load(config)
-    res = call(lambda: canary(cfg, tree_dir=tree, sdist=sdist))
+    res = call(lambda: canary(cfg, tree_dir=tree, sdist=sdist, trust=trust))
     if as_json:
         print_json("drift", res, fit=res.fit, drifted=res.drifted, absent=res.absent, skipped=res.skipped,
                    summary=res.summary(), ok=not res.misfits)
