@@ -859,13 +859,13 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
                    for t in lf.programs))
     make = require_tool("make", HOW["make"], path=lf.make or "make", setting="build.llamafile.make" if lf.make else None,
                         where=f"{cfg.describe()} (build.llamafile.make)")
-    require_dry_run_consent(cfg, trust, cuda)  # everything checked that needs nothing run; now the consent
     with locked(room):
         base = rev_parse(room.path, BASELINE_TAG)
         if base is None:
             raise DcaforgeError("the clean room has no baseline yet", where=str(room.path), hint="`dcaforge apply --continue`")
         # an unrendered room would pass (the feature adds no file there): refused as capture refuses it
         state = check_whole(cfg, room, "nothing checked by the dry run", "`dcaforge build --dry-run`")
+        require_dry_run_consent(cfg, trust, cuda)  # everything checked that needs nothing run; now the consent
         tree = room.path
         rendered = sorted((state.get("rendered") or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)

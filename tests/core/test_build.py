@@ -490,7 +490,11 @@ def test_dry_run_on_cmake_configures_a_scratch_folder_and_prints_the_plan(tiny_r
     folder, ninja counts the steps and names where each target lands; nothing is built, the build folder is not
     made, and the scratch folder is gone afterwards."""
     cfg = tiny_room
+    # configuring runs the tree's CMake code: a config that is not trusted is refused before anything runs
     r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run"])
+    assert r.exit_code == 1 and "runs the tree's CMake code" in r.output and "--trust" in r.output, r.output
+    assert not (cfg.room / ".git" / "dcaforge" / "plan-cmake").exists()
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--trust"])
     assert r.exit_code == 0, r.output
     out = r.output
     assert f"  hello              -> {cfg.room / 'build' / 'hello'}" in out
@@ -503,13 +507,13 @@ def test_dry_run_on_cmake_configures_a_scratch_folder_and_prints_the_plan(tiny_r
     assert not (cfg.room / ".git" / "dcaforge" / "plan-cmake").exists()
     # once built, the plan says the build folder is configured so; --targets and --json
     assert CliRunner().invoke(app, ["build", "-c", str(cfg.path), "-j", "1"]).exit_code == 0
-    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--targets", "hello", "--json"])
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--trust", "--targets", "hello", "--json"])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
     assert plan["command"] == "build" and plan["dry_run"] is True and plan["ok"] is True and plan["configured"] is True
     assert plan["files"] == {"hello": str(cfg.room / "build" / "hello")} and plan["targets"] == ["hello"]
     # an unknown target: ninja's own words, exit 1
-    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--targets", "no-such-target"])
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg.path), "--dry-run", "--trust", "--targets", "no-such-target"])
     assert r.exit_code == 1 and "unknown target 'no-such-target'" in r.output, r.output
 
 
@@ -583,5 +587,5 @@ def test_dry_run_refuses_an_unrendered_room(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["build", "--dry-run", "-c", str(cfgp)])
     assert r.exit_code == 1 and "ok: every file" not in r.output
     apply(cfg)  # rendered: the dry run runs (make -n) and finds the added file in no make list
-    rep = bmod.dry_run(cfg)
+    rep = bmod.dry_run(cfg, trust=True)
     assert [(r.source, r.status) for r in rep.wiring.rows] == [("llama.cpp/src/added.cpp", "unbuilt")]  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ def test_apply_prints_the_baseline_the_docs_quote(cleanroom: Path) -> None:
 
 def test_dry_run_plans_the_programs_a_user_runs(cleanroom: Path) -> None:
     """The default targets (no --targets): configure only, into a scratch folder; nothing is compiled."""
-    p = dcaforge("build", "--dry-run", "--json")
+    p = dcaforge("build", "--dry-run", "--trust", "--json")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     plan = json.loads(p.stdout)
     bin_dir = cleanroom / "build" / "bin"

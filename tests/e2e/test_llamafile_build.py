@@ -138,7 +138,7 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     assert not (room / ".cosmocc").exists()
 
     # the real Makefile in dry-run mode, the GPU script with a recording nvcc
-    p = cli("build", "-c", c, "--dry-run", "--cuda")
+    p = cli("build", "-c", c, "--dry-run", "--cuda", "--trust")
     assert p.returncode == 0, p.stdout + p.stderr
     for src in ("llama.cpp/src/llama-dca.cpp", "llama.cpp/src/llama-dca-context.cpp"):
         obj = "o/" + src + ".o"
@@ -154,7 +154,7 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
 
         os.environ["CUBLAS_INCLUDE"] = str(cuda_stubs() / "include")  # the toolkit here has no cuBLAS headers
     try:
-        rep = dry_run(cfg, cuda=True)
+        rep = dry_run(cfg, cuda=True, trust=True)
     finally:
         os.environ.pop("CUBLAS_INCLUDE", None)
     assert rep.ok and set(rep.compiles) == {"llama.cpp/src/llama-dca.cpp", "llama.cpp/src/llama-dca-context.cpp"}
