@@ -1,45 +1,35 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
-# Steps (any subset, in order): model build_bg wait_build build ops opsperf speed splits passkey_tune passkey ppl
-#   speed_qwen llamafile_build llamafile_bg wait_llamafile
-#   ppl_bg wait_ppl speed_smol ruler_bg wait_ruler report testdca grid_smol grid_bg wait_grid speed_modes speed_qwen05 ops_perf speed_smol_cells ktrace timeline
-#   grid_gemma grid_gemma_bg wait_grid_gemma diag mem_gemma default_bg wait_default temp_bg wait_temp
+# The GPU benchmarks of the current core: correctness of the ops on CUDA, DCA's speed and memory against plain
+# attention in the same run, RULER through llama-server (1M tokens included), llamafile's GPU library. Long-context
+# quality (choosing and checking DCA's defaults) is bench/longctx/gpu.sh. The latest results: bench/gpu/RESULTS.md.
+# Steps (any subset, in order):
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
-#   build    unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA (sm_90), llama-server
-#            (no web UI) and llama-batched-bench included
-#   ops      test-backend-ops: FLASH_ATTN_EXT_LSE against the CPU, and perf next to FLASH_ATTN_EXT
-#   speed    llama-batched-bench, plain vs DCA, -fa on, at 32k and 128k (prompt processing, generation, memory)
-#   splits   the scheduler's graph split count, plain vs DCA (one split: the whole graph on the GPU)
-#   passkey_tune  chooses DCA's S, w and temperature on held-out lengths and positions (~48k, ~101k tokens)
-#   passkey  llama-passkey at ~64k and ~128k tokens, 10 positions each, plain vs YaRN x4 vs DCA (S24w4 and the tuned)
-#   ppl      llama-perplexity at 8k/32k/64k/128k, plain vs YaRN x4 vs DCA
-#   ppl_bg / wait_ppl  perplexity of YaRN at 128k and of the tuned setting, in the background while passkey runs
-#   speed_smol  issue 15's all-layer speed: SmolLM2-135M (30 layers, all DCA), llama-batched-bench, DCA vs plain FA in the
-#            same run, $ROUNDS rounds alternating: 1 sequence at 32k/64k/128k, plain and DCA with and without CUDA graphs
-#            (GGML_CUDA_DISABLE_GRAPHS=1); 4 sequences of 16k with per-sequence and with unified KV (-kvu); ratios printed
-#   speed_qwen05  issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (head dim 64,
-#            written on the device on first use), DCA S24576 w4096 vs plain FA, the cells of speed_smol without the graph
-#            check (~140 s for ROUNDS=2, estimated); speed-qwen05.tsv, speed-qwen05-ratios.txt
-#   ruler_bg / wait_ruler  issue 15's RULER gate through llama-server (bench/gpu/ruler_run.py = dcaforge's measure_ruler):
-#            queue 1: vt, niah multi-key and multi-value, plain / YaRN / DCA at 1x 4x 8x of gemma-3-270m (L 32768) and of
-#            SmolLM2 (L 8192, through its chat template); queue 2, beside it on the GPU: gemma-3-270m with DCA at a
-#            1,048,576-token context, then 512k and 256k: passkey, niah multi-key, vt; each server's peak GPU memory
-#            (nvidia-smi per process) and prompt speed per sample
-#   default_bg / wait_default  issue 15's default rule against YaRN (run 12): the gate's passkey (a key per sample) and
-#            niah_single through llama-server, plain and DCA at 1x, YaRN and DCA at 2x and 4x, gemma-3-270m and SmolLM2,
-#            three queues side by side; ruler_run.py compare's table (per cell found/first, the paired sign test)
-#   temp_bg / wait_temp  run 13: DCA's attention temperature (--dca-yarn-factor) on the cells of run 12 SmolLM2 missed
-#            (4x, seeds 7 and 42) and on gemma-3-270m at 2x/4x, one queue per factor, with perplexity beside them
-#   report   the short table of the issue-15 steps (speed ratios, RULER scores, 1M memory and speed)
-# Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md is written from them on the workstation.
-#
-# Issue 15's GPU run, two long calls (bench/gpu/RESULTS.md, "Issue 15: commands" has the exact device commands):
-#   short calls  build_bg (~5 s, carries the tree and gemma.04), then model with gemma.00..03 and smol.00 (~3 s each)
-#   call A       model (smol.01) wait_build (~300 s: 288 s from scratch before the server and mtmd were added)
-#                speed_smol (~170 s: 3 rounds x 8 runs of ~10 s) ruler_bg (starts both queues, ~1 s)   -> <= 590 s
-#   call B       wait_ruler (WAIT=540: queue 1 ~7 min, queue 2 ~8 min, side by side) report            -> <= 590 s
-#   a call C of wait_ruler report only if a queue is still running then (each prints what it has so far)
+#   build_bg / wait_build / build  unpack the carried clean-room tree (cleanroom/gpu/tree.tar.gz) and build it with CUDA
+#            (sm_90), llama-server (no web UI) and llama-batched-bench included (build_bg: detached)
+#   ops / opsperf / ops_perf / testdca  test-backend-ops: FLASH_ATTN_EXT_LSE (two-row cases included) and _LSE_MERGE
+#            against the CPU, perf next to FLASH_ATTN_EXT; test-dca on CUDA (with its perf cases)
+#   speed / splits  llama-batched-bench, plain vs DCA, -fa on, gemma-3-270m at 32k and 128k; the scheduler's graph splits
+#   speed_smol / speed_smol_cells  the all-layer speed: SmolLM2-135M (30 layers, all DCA), llama-batched-bench, DCA vs
+#            plain FA in the same run, $ROUNDS rounds alternating: 1 sequence at 32k/64k(/128k), 4 sequences of 16k with
+#            per-sequence and with unified KV (-kvu); ratios printed
+#   speed_qwen / speed_qwen05  the same cells on qwen2 models (the trained test model; a random-weight qwen2 of
+#            Qwen2.5-0.5B's shape, written on the device on first use)
+#   speed_modes  SmolLM2 1 sequence at 32k/64k and 4 x 16k unified, every $SPEED_MODES variant of DCA's switches
+#            (LLAMA_DCA_MODE, _FOLD, _FULL, _BCAST, _MASK_HW)
+#   ktrace / timeline / perf_inputs / diag  per-kernel GPU time (ktrace.cpp, CUPTI), a host timeline of the GPU, the
+#            host side of DCA's inputs, diagnostics
+#   mem_gemma  gemma-3-270m at a 1,048,576-token context: peak GPU memory and prefill speed, plain vs DCA
+#   ruler_bg / wait_ruler  the RULER gate through llama-server (bench/gpu/ruler_run.py = dcaforge's measure_ruler):
+#            vt, niah multi-key and multi-value, plain / YaRN / DCA at 1x 4x 8x of both models; beside it gemma-3-270m
+#            with DCA at 1M, 512k and 256k
+#   llamafile_build / llamafile_bg / wait_llamafile  llamafile's GPU library of a rendered llamafile room
+#            (bench/gpu/llamafile_cuda_lib.py; the real 0.10.1 script: llamafile_real_lib.py)
+#   report   the short table of speed ratios, RULER scores, 1M memory and speed
+# Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md holds the latest of them and the commands.
+# "run N" in a comment: that run of the lab notebook (bench/gpu/RESULTS.md and its dated folders on the lab-notebook
+# branch, commit 4520127).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" ~/model ~/llb
@@ -191,187 +181,8 @@ dca_cfg() { # name length-ratio
     echo "--dca on --dca-chunk-size $S --dca-local-size $w${F:+ --dca-yarn-factor $F}"
 }
 
-passkey_one() { # tsv name junk pos ctx_override extra...
-    local tsv=$1 name=$2 junk=$3 pos=$4 ovr=$5; shift 5
-    local log="$OUT/passkey/$name-$junk-$pos.log"
-    "$BIN/llama-passkey" "${COMMON[@]}" --junk "$junk" --pos "$pos" --override-kv "${CTX_KEY:-gemma3.context_length}=int:$ovr" "$@" \
-        > "$log" 2>"$log.err"
-    local rc=$?
-    local answer; answer=$(tr '\n' ' ' < "$log" | sed 's/.*The pass key is//' | tr -d '\t' | head -c 40)
-    local tokens; tokens=$(grep -o "prompt tokens: [0-9]*" "$log.err" | grep -o "[0-9]*$")
-    local first; first=$(echo "$answer" | grep -oE "[0-9]+" | head -1)
-    local exact=0; [ "$first" = "39384" ] && exact=1
-    local has=0; echo "$answer" | grep -q 39384 && has=1
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$junk" "$pos" "$tokens" "$answer" "$exact" "$has" "$rc" >> "$OUT/$tsv"
-    rm -f "$log.err"
-}
-passkey_tsv() { # tsv: a new table of passkey_one's rows, and the folder for its logs
-    mkdir -p "$OUT/passkey"
-    printf "name\tjunk\tpos\ttokens\tanswer\texact\tcontains\trc\n" > "$OUT/$1"
-}
-export -f passkey_one dca_cfg
+export -f dca_cfg
 export OUT BIN
-
-# passkey_one's job lines (stdout), 10 positions each (junk*(2k+1)/20): plain inside the trained length, then for each
-# "junk ctx_override factor" spec plain, YaRN (its flags: {f} stands for the spec's factor) and each DCA setting;
-# BASELINES=0 leaves out plain and YaRN (to add a setting to an earlier run's table)
-passkey_jobs() { # tsv "inside_junk inside_override" yarn_name yarn_flags dca_settings spec...
-    local tsv=$1 inside=$2 yname=$3 yflags=$4 cfgs=$5; shift 5
-    local base=${BASELINES:-1} k junk ovr f cfg
-    read -r junk ovr <<< "$inside"
-    if [ "$base" = 1 ]; then
-        for k in 0 1 2 3 4 5 6 7 8 9; do echo "passkey_one $tsv plain $junk $(( junk * (2 * k + 1) / 20 )) $ovr"; done
-    fi
-    for spec in "$@"; do
-        read -r junk ovr f <<< "$spec"
-        for k in 0 1 2 3 4 5 6 7 8 9; do
-            local pos=$(( junk * (2 * k + 1) / 20 ))
-            if [ "$base" = 1 ]; then
-                echo "passkey_one $tsv plain $junk $pos $ovr"
-                echo "passkey_one $tsv $yname $junk $pos $ovr ${yflags//\{f\}/$f}"
-            fi
-            for cfg in $cfgs; do echo "passkey_one $tsv dca-$cfg $junk $pos $ovr \$(dca_cfg $cfg $f)"; done
-        done
-    done
-}
-
-# runs the lines of a job file, $PAR at a time (one GPU: the runs share it; passkey scores do not depend on speed)
-run_jobs() {
-    local jobs=$1 par=${PAR:-4}
-    local t=$(( 16 / par )); [ $t -lt 2 ] && t=2   # the host's 16 cores, shared by the runs in flight
-    xargs -d '\n' -P "$par" -I{} bash -c "COMMON=(${COMMON[*]} -t $t -tb $t); {}" < "$jobs"
-}
-
-summary() { # tsv
-    awk -F'\t' 'NR>1 {k=$1" junk "$2; n[k]++; e[k]+=$6; h[k]+=$7; t[k]=$4} END {for (k in n) printf "%-32s tokens~%6s exact %2d/%-2d contains %2d/%d\n", k, t[k], e[k], n[k], h[k], n[k]}' "$OUT/$1" | sort
-}
-
-# choosing DCA's chunk size, window and temperature on other lengths (~48k and ~101k tokens) and other positions than the
-# evaluation's, so the evaluation at ~70k and ~134k stays held out
-# run 2 (2026-11-30) tried S24w4 S24w4t S32w4 S32w4t S32w8t S24w4tt (S24w4t won, 9 points of 30). Run 3 tried short
-# chunks (every inter-chunk distance is then <= S, where this model still retrieves inside its own window: plain at
-# 16.9k answers exactly only within ~9k tokens of the question) with fixed logit scales, S24w4t as the reference:
-# S4w0.5 and S6w1 scored 30 of 30, S8w1 15, S12w2 16, every logit scale > 1 less than its S without (RESULTS.md)
-TUNE_CFGS=${TUNE_CFGS:-"S24w4t S4w0.5 S4w0.5s1.2 S6w1 S6w1s1.2 S8w1 S8w1s1.1 S8w1s1.2 S8w1s1.3 S12w2 S12w2s1.2"}
-
-step_passkey_tune() {
-    rm -f ~/llb/passkey-best.txt
-    passkey_tsv passkey-tune.tsv
-    : > ~/llb/jobs-tune
-    for spec in "2000 131072 1.5" "4200 262144 3.1"; do
-        set -- $spec; local junk=$1 ovr=$2 f=$3   # f: length / trained length, the Qwen2.5-1M temperature rule
-        for k in 1 3 5 7 9; do
-            local pos=$(( junk * k / 10 ))
-            for cfg in $TUNE_CFGS; do
-                echo "passkey_one passkey-tune.tsv $cfg $junk $pos $ovr \$(dca_cfg $cfg $f)" >> ~/llb/jobs-tune
-            done
-        done
-    done
-    run_jobs ~/llb/jobs-tune
-    summary passkey-tune.tsv
-    # the best setting over both lengths: 2 points per exact first answer, 1 per answer containing the key
-    # (ties: the earlier, simpler one in the list)
-    local best="" bs=-1
-    for c in $TUNE_CFGS; do
-        local sc; sc=$(awk -F'\t' -v c=$c 'NR>1 && $1==c {s+=2*$6+$7} END {print s+0}' "$OUT/passkey-tune.tsv")
-        echo "$c score $sc"
-        if [ "$sc" -gt "$bs" ]; then best=$c; bs=$sc; fi
-    done
-    echo "$best" > "$OUT/passkey-best.txt"; cp "$OUT/passkey-best.txt" ~/llb/passkey-best.txt
-    echo "chosen: $best"
-}
-
-step_passkey() {
-    passkey_tsv passkey.tsv
-    # $EVAL_CFGS: the DCA settings (default: S24w4, the reference's 3/4 and 1/8 of L, and the tuned one);
-    # BASELINES=0 leaves out plain and YaRN (passkey_jobs)
-    local cfgs=${EVAL_CFGS:-"S24w4 best"}; cfgs=${cfgs//best/$(best_cfg)}; cfgs=$(echo $cfgs | tr ' ' '\n' | awk '!s[$0]++')
-    # plain inside the trained range (~16.9k tokens), then ~70k and ~134k
-    passkey_jobs passkey.tsv "700 32768" yarn4 "${YARN[*]}" "$cfgs" "2900 131072 2.1" "5600 262144 4.1" > ~/llb/jobs-eval
-    run_jobs ~/llb/jobs-eval
-    summary passkey.tsv
-}
-
-# perplexity over the whole of one 1.4 MB text at every context (all its windows: 32 of 8k ... 2 of 128k), so each
-# context size scores the same text; plain vs YaRN x4 vs DCA, the runs in parallel (tokenizing takes ~30 s each)
-ppl_one() { # name ctx extra...
-    local name=$1 ctx=$2; shift 2
-    local log="$OUT/ppl/$name-$ctx.log"
-    "$BIN/llama-perplexity" "${COMMON[@]}" "$@" -f ~/llb/text.txt -c "$ctx" > "$log" 2>&1
-    local rc=$?
-    local ppl; ppl=$(grep -oE "Final estimate: PPL = [0-9.]+ \+/- [0-9.]+" "$log" | sed 's/Final estimate: PPL = //')
-    local first; first=$(grep -oE "\[1\][0-9.]+" "$log" | head -1 | sed 's/^\[1\]//')
-    local nch; nch=$(grep -oE "calculating perplexity over [0-9]+ chunks" "$log" | grep -oE "[0-9]+")
-    printf "%s\t%s\t%s\t%s\t%s\trc=%s\n" "$name" "$ctx" "$nch" "$first" "$ppl" "$rc" >> "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-export -f ppl_one
-
-ppl_text() { # the baseline's text: the first 1.4 MB of llama.cpp's own src/*.cpp, upstream files only
-    ls ~/llb/src/src/*.cpp | grep -v llama-dca | xargs cat | head -c 1400000 > ~/llb/text.txt
-    mkdir -p "$OUT/ppl"
-    [ -f "$OUT/${PPL_TSV:-ppl.tsv}" ] || printf "name\tctx\tchunks\tfirst_window\tppl_all_windows\trc\n" > "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-
-# host memory: llama-perplexity keeps the logits of half a window, ctx/2 * 262144 floats (68 GB at 128k), so 8k and
-# 32k run together, 64k two at a time, 128k alone (the machine has 128 GB)
-ppl_groups() { # name-prefix:extra-kind ... ; runs every (setting, context) of $PPL_CFGS in memory-safe groups
-    for group in "8192 32768:8" "65536:2" "131072:1"; do
-        local ctxs=${group%%:*} par=${group##*:}
-        : > ~/llb/jobs-ppl
-        for ctx in $ctxs; do
-            local f; f=$(awk "BEGIN{print $ctx/32768}")
-            for cfg in $PPL_CFGS; do
-                case $cfg in
-                    plain) echo "ppl_one plain $ctx" ;;
-                    yarn4) echo "ppl_one yarn4 $ctx ${YARN[*]}" ;;
-                    *)     echo "ppl_one dca-$cfg $ctx \$(dca_cfg $cfg $f)" ;;
-                esac >> ~/llb/jobs-ppl
-            done
-        done
-        PAR=$par run_jobs ~/llb/jobs-ppl
-    done
-}
-
-step_ppl() { # plain, YaRN x4, DCA S24w4 and the passkey-tuned setting, at 8k/32k/64k/128k
-    ppl_text
-    local best; best=$(best_cfg)
-    PPL_CFGS="plain yarn4 S24w4"; [ "$best" != S24w4 ] && PPL_CFGS+=" $best"
-    PPL_CFGS=$PPL_CFGS ppl_groups
-    cat "$OUT/ppl.tsv"
-}
-
-# run 3: perplexity in the background while the passkey steps run (scores do not depend on speed): YaRN x4 at 128k
-# (run 2 cut its third window), then, once passkey_tune has chosen, the tuned setting at every context
-step_ppl_bg() {
-    rm -rf ~/llb/ppl-out
-    detach ppl ~/llb/ppl-out ppl_queue
-    echo "perplexity queue started in the background"
-}
-
-step_ppl_queue() {
-    ppl_text
-    ppl_one yarn4 131072 "${YARN[@]}"
-    local t0=$SECONDS
-    while [ ! -f ~/llb/passkey-best.txt ] && [ $((SECONDS - t0)) -lt 1800 ]; do sleep 5; done
-    PPL_CFGS=$(best_cfg) ppl_groups
-    cat "$OUT/ppl.tsv"
-}
-
-# a second perplexity queue for more DCA settings ($PPL_MORE, e.g. S6w1), started once the first has finished
-step_ppl_more_bg() {
-    detach ppl-more ~/llb/ppl-out ppl_more AFTER="$HOME/llb/ppl.done" PPL_CFGS="$PPL_MORE"
-    echo "second perplexity queue ($PPL_MORE) waits for the first"
-}
-step_ppl_more() { ppl_text; ppl_groups; }
-
-step_wait_ppl() { # waits at most $WAIT s (default 500), then hands back what the queue has so far
-    local t0=$SECONDS
-    while [ ! -f ~/llb/ppl.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-500}" ]; do sleep 5; done
-    [ -f ~/llb/ppl.done ] && echo "perplexity queue done" || echo "perplexity queue still running"
-    [ -f ~/llb/ppl-more.done ] && echo "second perplexity queue done"
-    tail -20 ~/llb/ppl.log 2>/dev/null
-    mkdir -p "$OUT/ppl"; cp -r ~/llb/ppl-out/. "$OUT/ppl/" 2>/dev/null; true
-}
 
 # --- issue 15: all-layer speed on SmolLM2-135M, the RULER gate, 1M tokens ----------------------------------------
 
@@ -683,79 +494,6 @@ step_perf_inputs() { # the host side of DCA's inputs on this machine's CPU (test
     echo "test-dca perf-inputs rc=$?"; cat "$OUT/perf-inputs.log"
 }
 
-# issue 15's "one default": a chunk/local grid on SmolLM2 (L 8192), passkey at 1x/4x/8x and perplexity at 1x/4x/8x,
-# plain and YaRN (factor = length / L) beside each DCA setting; gemma-3-270m's grid is runs 2-4's (RESULTS.md)
-SMOL_GRID=${SMOL_GRID:-"S6w1 S4w1 S4w0.5 S3w0.5 S2w0.25"}
-
-step_grid_smol() {
-    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
-    export CTX_KEY=llama.context_length PPL_TSV=grid-smol-ppl.tsv
-    COMMON=("${SMOL_COMMON[@]}")
-    passkey_tsv grid-smol-passkey.tsv
-    # inside the trained 8192 (~7.3k tokens), then ~31k and ~63k; YaRN's factor = length / L
-    passkey_jobs grid-smol-passkey.tsv "300 8192" yarn "--rope-scaling yarn --rope-scale {f} --yarn-orig-ctx 8192" \
-        "$SMOL_GRID" "1300 40960 4" "2600 73728 8" > ~/llb/jobs-grid
-    run_jobs ~/llb/jobs-grid
-    summary grid-smol-passkey.tsv | tee "$OUT/grid-smol-passkey-summary.txt"
-    ppl_text
-    : > ~/llb/jobs-grid-ppl
-    for ctx in 8192 32768 65536; do
-        local f=$(( ctx / 8192 ))
-        echo "ppl_one plain $ctx" >> ~/llb/jobs-grid-ppl
-        [ $f -gt 1 ] && echo "ppl_one yarn $ctx --rope-scaling yarn --rope-scale $f --yarn-orig-ctx 8192" >> ~/llb/jobs-grid-ppl
-        for cfg in $SMOL_GRID; do echo "ppl_one dca-$cfg $ctx \$(dca_cfg $cfg $f)" >> ~/llb/jobs-grid-ppl; done
-    done
-    PAR=4 run_jobs ~/llb/jobs-grid-ppl
-    sort -k1,1 -k2,2n "$OUT/grid-smol-ppl.tsv"
-}
-
-step_grid_bg() { # the grid detached (beside the llamafile build: scores do not depend on speed)
-    detach grid ~/llb/grid-out grid_smol
-    echo "SmolLM2 grid started (log ~/llb/grid.log)"
-}
-
-step_wait_grid() { # at most $WAIT s for the grid; its tables come back
-    local t0=$SECONDS
-    while [ ! -f ~/llb/grid.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-300}" ]; do sleep 5; done
-    [ -f ~/llb/grid.done ] && echo "grid done (rc $(cat ~/llb/grid.rc))" || echo "grid still running"
-    tail -60 ~/llb/grid.log
-    cp ~/llb/grid-out/grid-smol-*.tsv ~/llb/grid-out/grid-smol-passkey-summary.txt "$OUT/" 2>/dev/null
-    true
-}
-
-# issue 15's "one default" on gemma-3-270m (L 32768), run 7: plain at 1x (~31.4k tokens: the model inside its whole
-# trained length, the reading SmolLM2's grid used), the rule that wins on SmolLM2 (chunk L/2, local L/8: S16w4) and
-# S12w3 between it and S8w2, passkey at ~70k and ~134k (10 positions each, as runs 3-6) and perplexity at 32k-128k
-# over run 3's text; S6w1.5's 128k perplexity, which run 6 did not finish. ~5 min (passkey PAR 4, perplexity per ppl_groups)
-GEMMA_GRID=${GEMMA_GRID:-"S16w4 S12w3"}
-
-step_grid_gemma() {
-    [ -f "$MODEL" ] || { echo "no $MODEL: run the model step with the gemma pieces first"; return 1; }
-    export CTX_KEY=gemma3.context_length PPL_TSV=grid-gemma-ppl.tsv
-    passkey_tsv grid-gemma-passkey.tsv
-    {
-        for k in 0 1 2 3 4 5 6 7 8 9; do echo "passkey_one grid-gemma-passkey.tsv plain-1x 1300 $(( 1300 * (2 * k + 1) / 20 )) 32768"; done
-        BASELINES=0 passkey_jobs grid-gemma-passkey.tsv "0 0" yarn4 "" "$GEMMA_GRID" "2900 131072 2.1" "5600 262144 4.1"
-    } > ~/llb/jobs-grid-gemma
-    run_jobs ~/llb/jobs-grid-gemma
-    summary grid-gemma-passkey.tsv | tee "$OUT/grid-gemma-passkey-summary.txt"
-    ppl_text
-    PPL_CFGS="$GEMMA_GRID" ppl_groups
-    ppl_one dca-S6w1.5 131072 $(dca_cfg S6w1.5 4)
-    sort -k1,1 -k2,2n "$OUT/grid-gemma-ppl.tsv"
-}
-
-step_grid_gemma_bg() { detach grid-gemma ~/llb/grid-gemma-out grid_gemma; echo "gemma grid started (log ~/llb/grid-gemma.log)"; }
-
-step_wait_grid_gemma() { # at most $WAIT s for the gemma grid; its tables come back
-    local t0=$SECONDS
-    while [ ! -f ~/llb/grid-gemma.done ] && [ $((SECONDS - t0)) -lt "${WAIT:-300}" ]; do sleep 5; done
-    [ -f ~/llb/grid-gemma.done ] && echo "gemma grid done (rc $(cat ~/llb/grid-gemma.rc))" || echo "gemma grid still running"
-    tail -40 ~/llb/grid-gemma.log
-    cp ~/llb/grid-gemma-out/grid-gemma-*.tsv ~/llb/grid-gemma-out/grid-gemma-passkey-summary.txt "$OUT/" 2>/dev/null
-    true
-}
-
 step_llamafile_build() { # issue 13: llamafile's GPU library of the rendered llamafile room (bench/gpu/llamafile_cuda_lib.py)
     [ -f cleanroom/gpu-llamafile/tree.tar.gz ] || { echo "carry cleanroom/gpu-llamafile (llamafile_cuda_lib.py pack)"; return 1; }
     mkdir -p ~/llb/lf; cp cleanroom/gpu-llamafile/tree.tar.gz ~/llb/lf/
@@ -850,192 +588,6 @@ step_wait_ruler() { # waits at most $WAIT s (default 540) for both queues, then 
     true
 }
 
-# issue 15's "one default" (run 12): 10 llama-passkey positions, one key for all, could not tell the default's 0/10 at 4x
-# from YaRN's 1/10. The gate's passkey instead (a key of its own per sample, depths (i + 0.5) / n), $DEFAULT_SAMPLES a
-# cell, through llama-server: the model inside its trained length (plain and DCA at 1x), YaRN and the default rule
-# (DCA at chunk L/2, local L/8: the gate's defaults) at 2x and 4x; gemma-3-270m, then SmolLM2, then gemma's RULER
-# niah_single ($DEFAULT_NIAH samples). One queue per method, side by side on the GPU; the prompts at a context are the
-# same for every method (each a pure function of seed, task, index and filler count); ruler_run.py compare pairs them.
-DEFAULT_SAMPLES=${DEFAULT_SAMPLES:-30}
-DEFAULT_NIAH=${DEFAULT_NIAH:-12}
-DEFAULT_ARGS=${GPU_ARGS/\"threads\": 8/\"threads\": 5}   # three servers share the host's 16 cores
-DEFAULT_QUEUES="inside yarn dca"
-
-default_cells() { # queue -> its cells, one a line: "model-tag method task samples contexts" (contexts: comma-separated)
-    local g=32768 s=8192
-    case $1 in
-        inside) for m in plain dca; do echo "gemma $m passkey $DEFAULT_SAMPLES $g"; done
-                for m in plain dca; do echo "smol $m passkey $DEFAULT_SAMPLES $s"; done
-                for m in plain dca; do echo "gemma $m niah_single $DEFAULT_NIAH $g"; done ;;
-        yarn|dca) echo "gemma $1 passkey $DEFAULT_SAMPLES $((2 * g)),$((4 * g))"
-                  echo "smol $1 passkey $DEFAULT_SAMPLES $((2 * s)),$((4 * s))"
-                  echo "gemma $1 niah_single $DEFAULT_NIAH $((2 * g)),$((4 * g))" ;;
-        *) echo "default_cells: no queue $1 (inside, yarn, dca)" >&2; return 1 ;;
-    esac
-}
-
-cells_queue() { # prefix cells-function queue: one ruler_run.py run per cell of "$cells_function $queue", each line
-    # "model-tag method task samples contexts [seed [dca-yarn-factor]]" (contexts comma-separated; no seed: the gate's);
-    # results in $OUT/ruler-<prefix>-<tag>-<task>-<method>[-1x][-<contexts>-s<seed>][-F<factor>].json (-1x: the queue
-    # "inside"; a cell that gives a seed carries its contexts too)
-    local cells; cells=$("$2" "$3") || return 1
-    local tag method task n ctxs seed F model name opts
-    while read -r tag method task n ctxs seed F; do
-        model=$MODEL; [ "$tag" = smol ] && model=$SMOL
-        name="$1-$tag-$task-$method"; [ "$3" = inside ] && name+=-1x
-        opts="\"tasks\": [\"$task\"], \"methods\": [\"$method\"], \"contexts\": [$ctxs], \"samples\": $n"
-        [ -n "$seed" ] && { opts+=", \"seed\": $seed"; name+="-${ctxs//,/-}-s$seed"; }
-        [ -n "$F" ] && { opts+=", \"dca_args\": [\"--dca-yarn-factor\", \"$F\"]"; name+="-F$F"; }
-        python3 bench/gpu/ruler_run.py run --server "$BIN/llama-server" --model "$model" --name "$name" \
-            --out "$OUT" --options "{$opts, $DEFAULT_ARGS}"
-    done <<< "$cells"
-}
-
-step_default_queue() { cells_queue def default_cells "${QUEUE:?}"; }   # ruler_run.py's results in $OUT/ruler-def-*.json
-
-step_default_bg() {
-    [ -f "$MODEL" ] && [ -f "$SMOL" ] && [ -x "$BIN/llama-server" ] || { echo "needs both models and llama-server"; ls ~/model "$BIN"; return 1; }
-    rm -rf ~/llb/default-out; mkdir -p ~/llb/default-out
-    for q in $DEFAULT_QUEUES; do detach "default-$q" ~/llb/default-out default_queue QUEUE=$q; done
-    echo "default queues started: inside (plain and DCA at 1x), yarn, dca (2x and 4x), side by side"
-}
-
-step_wait_default() { # at most $WAIT s (default 540) for the three queues; what they have comes back
-    local q tags=(); for q in $DEFAULT_QUEUES; do tags+=("default-$q"); done
-    wait_queues "${tags[@]}"
-    local res; res=$(ls ~/llb/default-out/ruler-def-*.json 2>/dev/null)
-    [ -n "$res" ] && python3 bench/gpu/ruler_run.py compare $res | tee "$OUT/default-compare.txt"
-    (cd ~/llb/default-out && tar czf "$OUT/default.tgz" ruler-def-*.json logs-def-* 2>/dev/null)
-    cat ~/llb/default-*.log > "$OUT/default-queues.log" 2>/dev/null
-    true
-}
-
-# run 13: DCA's attention temperature (--dca-yarn-factor F: logits x (0.1 ln F + 1), Qwen2.5-1M's rule with F = length /
-# trained length) against SmolLM2's one miss in run 12 (the default at 4x retrieves 36/60 and 19/30, the model inside
-# its window 53/60 and 24/30). The same prompts as run 12 (seeds 7 and 42): F = 0 (off: run 12's setting again, the
-# control of this run), 4 (= 4x), 7.389 (x1.2) and 16 (x1.277: 0.2 ln(length / L) + 1 at 4x) at 4x; at 2x SmolLM2 with
-# F = 2 and 4 (the two rules) and gemma-3-270m with F = 2; gemma at 4x with F = 4; one queue each, side by side;
-# perplexity at 2x/4x with the same factors in a queue beside them (temp_ppl)
-TEMP_QUEUES=${TEMP_QUEUES:-"t0 t4 t7.389 t16 t2x t4g"}   # TEMP_QUEUES="a7 a42 ag" TEMP_PPL=auto_ppl: the default since run 13
-TEMP_PPL=${TEMP_PPL:-temp_ppl}   # the perplexity step beside the queues; none: no perplexity queue
-
-temp_cells() { # queue -> its cells (cells_queue's lines)
-    local s=8192 g=32768 seed=${1:1}
-    # e<seed>, f<seed>, h<seed>, i<seed>: the seed is digits
-    [[ $1 != [efhi][0-9]* || $seed =~ ^[0-9]+$ ]] || { echo "temp_cells: $1: ${1:0:1} and a seed (digits)" >&2; return 1; }
-    case $1 in
-        t0|t4|t7.389|t16) echo "smol dca passkey 60 $((4 * s)) 7 ${1#t}"; echo "smol dca passkey 30 $((4 * s)) 42 ${1#t}" ;;
-        t2x) echo "smol dca passkey 30 $((2 * s)) 42 2"; echo "smol dca passkey 30 $((2 * s)) 42 4"
-             echo "gemma dca passkey 30 $((2 * g)) 42 2"; echo "gemma dca niah_single 12 $((2 * g)) 42 2" ;;
-        t4g) echo "gemma dca passkey 30 $((4 * g)) 42 4"; echo "gemma dca niah_single 12 $((4 * g)) 42 4" ;;
-        # run 14: the default of run 13's commit (the temperature per token, no flag) on run 13's cells, three queues
-        # side by side (since run 14 the default is the static F = n_ctx / L: run 13's F = 4 / F = 2 cells measure it)
-        a7) echo "smol dca passkey 60 $((4 * s)) 7" ;;
-        a42) echo "smol dca passkey 30 $((4 * s)) 42"; echo "smol dca passkey 30 $((2 * s)) 42" ;;
-        ag) echo "gemma dca passkey 30 $((2 * g)),$((4 * g)) 42"; echo "gemma dca niah_single 12 $((2 * g)),$((4 * g)) 42" ;;
-        # run 15: the static default (no flag, F = n_ctx / L) on run 13's seed-42 4x cell, whose F = 4 it must repeat
-        d42) echo "smol dca passkey 30 $((4 * s)) 42" ;;
-        # run 15: a larger sample for "at least as often as inside its window" (runs 12-14: 77/90 inside, 76/90 at 4x):
-        # new seeds, SmolLM2 plain at 1x, then the default at 4x, 60 samples each (TEMP_QUEUES="d42 e101 e102 e103 e104")
-        e[0-9]*) echo "smol plain passkey 60 $s $seed"; echo "smol dca passkey 60 $((4 * s)) $seed" ;;
-        # run 15: the same 4x prompts with x1.2 (F = e^2 = 7.389: run 13's best SmolLM2 cell, 55/60 + 23/30), paired
-        f[0-9]*) echo "smol dca passkey 60 $((4 * s)) $seed 7.389" ;;
-        # run 16: the rule x = 0.1 log2(len / L) + 1 (run 15's x1.2 at 4x; x1.1 = F e at 2x) on gemma-3-270m, run 13's
-        # seed-42 prompts (paired with its F = 2 / F = 4 cells), with its perplexity in g12_ppl
-        g11) echo "gemma dca passkey 30 $((2 * g)) 42 2.71828"; echo "gemma dca niah_single 12 $((2 * g)) 42 2.71828" ;;
-        g12) echo "gemma dca passkey 30 $((4 * g)) 42 7.389"; echo "gemma dca niah_single 12 $((4 * g)) 42 7.389" ;;
-        # run 16: SmolLM2 at 2x on run 15's new seeds, the old default (F = 2) and x1.1 (F = e), paired
-        h[0-9]*) echo "smol dca passkey 60 $((2 * s)) $seed 2"; echo "smol dca passkey 60 $((2 * s)) $seed 2.71828" ;;
-        # run 16: the default with no flag after the log2 rule landed (F = e at 2x), to pair with h<seed>'s F = 2.71828 cell
-        i[0-9]*) echo "smol dca passkey 60 $((2 * s)) $seed" ;;
-        # run 16: gemma-3-270m with the log2 default at 8x (x1.3, a 256k context), no flag
-        m42) echo "gemma dca passkey 10 $((8 * g)) 42"; echo "gemma dca niah_single 6 $((8 * g)) 42" ;;
-        *) echo "temp_cells: no queue $1 (t0 t4 t7.389 t16 t2x t4g a7 a42 ag d42 e<seed> f<seed> g11 g12 h<seed> i<seed> m42)" >&2; return 1 ;;
-    esac
-}
-
-step_temp_queue() { DEFAULT_ARGS=${GPU_ARGS/\"threads\": 8/\"threads\": 2} cells_queue temp temp_cells "${QUEUE:?}"; }   # 7 queues, 16 cores
-
-ppl_model() { # smol|gemma name ctx extra...: ppl_one with that model's common arguments and 4 threads (COMMON kept)
-    local keep=("${COMMON[@]}")
-    [ "$1" = smol ] && COMMON=("${SMOL_COMMON[@]}")
-    COMMON+=(-t 4)
-    shift
-    ppl_one "$@"
-    COMMON=("${keep[@]}")
-}
-
-step_temp_ppl() { # perplexity over run 3's text: SmolLM2 plain at 1x, the default at 4x with F 0 / 4 / 16 and at 2x with
-    # F 0 / 2 / 4; gemma the default at 4x with F 0 / 4 and at 2x with F 2 (one at a time: gemma's 128k logits take 68 GB)
-    ppl_text
-    local F
-    ppl_model smol smol-plain 8192
-    for F in 0 4 16; do ppl_model smol "smol-dca-F$F" 32768 --dca on --dca-yarn-factor "$F"; done
-    for F in 0 2 4; do ppl_model smol "smol-dca-F$F" 16384 --dca on --dca-yarn-factor "$F"; done
-    for F in 4 0; do ppl_model gemma "gemma-dca-F$F" 131072 --dca on --dca-yarn-factor "$F"; done
-    ppl_model gemma gemma-dca-F2 65536 --dca on --dca-yarn-factor 2
-    cat "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-
-step_auto_ppl() { # the default (no --dca-yarn-factor; run 14 measured run 13's per-token form with it) at run 13's lengths
-    ppl_text
-    local ctx
-    for ctx in 32768 16384; do ppl_model smol smol-dca-auto "$ctx" --dca on; done
-    for ctx in 131072 65536; do ppl_model gemma gemma-dca-auto "$ctx" --dca on; done
-    ppl_model smol smol-dca-F4 16384 --dca on --dca-yarn-factor 4   # run 13's row that did not finish in its budget
-    cat "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-
-step_x12_ppl() { # run 15: SmolLM2's perplexity at 4x with x1.2 (F = 7.389) beside run 13's F = 4 / 16 rows
-    ppl_text
-    ppl_model smol smol-dca-F7.389 32768 --dca on --dca-yarn-factor 7.389
-    cat "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-
-step_g12_ppl() { # gemma-3-270m's perplexity with x1.2 at 4x and x1.1 at 2x (beside run 13's F = 4 / F = 2 rows), and
-    # SmolLM2's with x1.1 at 2x (run 15 measured x1.2 at 4x); gemma one at a time (its 128k logits take 68 GB)
-    ppl_text
-    ppl_model gemma gemma-dca-F7.389 131072 --dca on --dca-yarn-factor 7.389
-    ppl_model gemma gemma-dca-F2.71828 65536 --dca on --dca-yarn-factor 2.71828
-    ppl_model smol smol-dca-F2.71828 16384 --dca on --dca-yarn-factor 2.71828
-    cat "$OUT/${PPL_TSV:-ppl.tsv}"
-}
-
-step_speed_temp() { # the temperature's cost: SmolLM2 S6w1 in speed_cells' cells with the default (run 14: per token,
-    # one ggml_mul on Q per DCA layer; since then the static factor, a constant in the attention's scale) and with
-    # --dca-yarn-factor 0 (off: run 11's graph), each against plain in its own rounds ($ROUNDS, default 3)
-    [ -f "$SMOL" ] || { echo "no $SMOL: run the model step with the smol pieces first"; return 1; }
-    local dca; dca=($(dca_cfg "$SPEED_SMOL_DCA" 1))
-    speed_cells smol-auto "$SMOL" 3 66048 32768,65536 "${dca[@]}"
-    speed_cells smol-F0 "$SMOL" 3 66048 32768,65536 "${dca[@]}" --dca-yarn-factor 0
-}
-
-step_temp_bg() { # needs llama-server, and each model only where a queue has a cell of it; an unknown queue is refused
-    # before any starts
-    local q cells need=()
-    for q in $TEMP_QUEUES; do
-        cells=$(temp_cells "$q") || return 1
-        [[ $cells == smol* || $cells == *$'\n'smol* ]] && need[0]=$SMOL
-        [[ $cells == gemma* || $cells == *$'\n'gemma* ]] && need[1]=$MODEL
-    done
-    [ -x "$BIN/llama-server" ] && ls "${need[@]}" > /dev/null || { echo "needs llama-server and ${need[*]}"; ls ~/model "$BIN"; return 1; }
-    rm -rf ~/llb/temp-out ~/llb/temp-ppl-out; mkdir -p ~/llb/temp-out ~/llb/temp-ppl-out
-    for q in $TEMP_QUEUES; do detach "temp-$q" ~/llb/temp-out temp_queue QUEUE=$q; done
-    # its own OUT: a queue's exit packs (and removes) $OUT/ppl
-    [ "$TEMP_PPL" = none ] || detach temp-ppl ~/llb/temp-ppl-out "$TEMP_PPL" PPL_TSV=temp-ppl.tsv
-    echo "temperature queues started: $TEMP_QUEUES, perplexity: $TEMP_PPL; side by side"
-}
-
-step_wait_temp() { # at most $WAIT s (default 540) for the queues; what they have comes back
-    local q tags=(); [ "$TEMP_PPL" = none ] || tags=(temp-ppl); for q in $TEMP_QUEUES; do tags+=("temp-$q"); done
-    wait_queues "${tags[@]}"
-    cp ~/llb/temp-ppl-out/temp-ppl.tsv "$OUT/" 2>/dev/null
-    (cd ~/llb/temp-out && tar czf "$OUT/temp.tgz" ruler-temp-*.json logs-temp-* 2>/dev/null)
-    cp ~/llb/temp-ppl-out/logs.tgz "$OUT/temp-ppl-logs.tgz" 2>/dev/null
-    cat ~/llb/temp-*.log > "$OUT/temp-queues.log" 2>/dev/null
-    true
-}
-
 step_report() { # the short table: speed ratios, RULER scores per task/length/method, 1M memory and speed
     echo "### all-layer speed, SmolLM2-135M, DCA $SPEED_SMOL_DCA / plain (targets: pp >= 0.9, tg >= 0.95, 4 seqs >= 0.8)"
     cat ~/llb/speed-smol-ratios.txt 2>/dev/null || echo "(no speed_smol results)"
@@ -1064,3 +616,4 @@ for s in "$@"; do
     echo "== $s ($(date -u +%H:%M:%S))"
     "step_$s" || { echo "step $s failed"; exit 1; }
 done
+

@@ -204,41 +204,6 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, m
     assert seen == [["plain rope", "DCA S2w0.5", "DCA S4w1: 1/2, 1/8 of L"]]   # the row's last panel only
 
 
-def test_grid_figure_reads_the_committed_gpu_results(tmp_path: Path) -> None:
-    """bench/gpu/grid_plot.py: run 7's figure (and run 6's, --run 6) are the committed tables' figures (RESULTS.md
-    quotes them); gemma's plain point at 32k is run 7's 31.3k prompt (0/10), not run 3's 16.9k (6/10), and the DCA
-    settings are labelled as fractions of the trained length."""
-    pytest.importorskip("matplotlib")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "gpu"))
-    try:
-        import grid_plot
-    finally:
-        sys.path.pop(0)
-    smol, gemma = grid_plot.figures()
-    by = {p["ctx"]: p for p in smol.points}
-    assert by[32768]["passkey_dca-S4w1"] == 0.4 and by[65536]["passkey_dca-S4w1"] == 0.5 and by[8192]["passkey_plain"] == 0.4
-    assert by[32768]["ppl_dca-S4w1"] == 2.7338 and by[32768]["ppl_yarn"] == 2.93
-    assert smol.metrics["labels"]["dca-S4w1"] == "DCA S4w1: 1/2, 1/8 of L"
-    g = {p["ctx"]: p for p in gemma.points}
-    assert g[131072]["passkey_dca-S4w0.5"] == 1.0 and g[131072]["ppl_dca-S8w2"] == 2.9099 and g[131072]["ppl_yarn"] == 2.8627
-    assert "dca-S24w4t" not in gemma.metrics["methods"]
-    # run 7: S16w4 and S12w3 (passkey 2/10, 0/10 and 1/10, 2/10), S6w1.5 at 128k, plain over its whole window
-    assert (g[65536]["passkey_dca-S16w4"], g[131072]["passkey_dca-S16w4"]) == (0.2, 0.0)
-    assert (g[65536]["passkey_dca-S12w3"], g[131072]["passkey_dca-S12w3"]) == (0.1, 0.2)
-    assert [g[c]["ppl_dca-S16w4"] for c in (32768, 65536, 131072)] == [2.6813, 2.6468, 2.8159]
-    assert g[131072]["ppl_dca-S12w3"] == 2.8444 and g[131072]["ppl_dca-S6w1.5"] == 2.9759
-    assert g[32768]["passkey_plain"] == 0.0 and g[65536]["passkey_plain"] == 0.0
-    assert gemma.metrics["labels"]["dca-S16w4"] == "DCA S16w4: 1/2, 1/8 of L"
-    assert gemma.metrics["labels"]["dca-S6w1.5"] == "DCA S6w1.5: 3/16, 3/64 of L" and "plain" not in gemma.metrics["labels"]
-    # run 6's figure as it was: run 3's 16.9k plain passkey at 32k, nothing of run 7
-    g6 = {p["ctx"]: p for p in grid_plot.figures(6)[1].points}
-    assert g6[32768]["passkey_plain"] == 0.6 and "ppl_dca-S6w1.5" not in g6[131072] and "ppl_dca-S16w4" not in g6[65536]
-    with pytest.raises(ValueError, match="run 5"):
-        grid_plot.figures(5)
-    assert grid_plot.main(["--png", str(tmp_path / "grid.png")]) == 0
-    assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_a_perplexity_run_whose_output_was_lost_is_run_again() -> None:
     """llama.cpp's logger may lose a run's tail, even from before "perplexity: calculating" (CI, 2026-12-02): an exit 0
     without a figure is run again; a failed run or a text too short for the context is not."""
