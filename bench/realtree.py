@@ -239,7 +239,7 @@ def dcaforge(*args: str) -> tuple[int, str, float]:
 def run_chain(cfg: Path, co: Path, log: dict) -> bool:
     steps = [("apply", ["apply", "--trust"]), ("render --check", ["render", "--check"]), ("capture", ["capture"]),
              ("verify", ["verify"]), ("verify --fresh-render --gnu", ["verify", "--fresh-render", "--gnu"]),
-             ("build --dry-run --cuda", ["build", "--dry-run", "--cuda"])]
+             ("build --dry-run --cuda", ["build", "--dry-run", "--cuda", "--trust"])]
     before = git(co, "status", "--porcelain", "--ignore-submodules=none")
     ok = True
     for name, args in steps:
