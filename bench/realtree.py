@@ -334,6 +334,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/realtree"))
     ap.add_argument("--pin", action="append", choices=sorted(PINS))
     ap.add_argument("--no-compile", action="store_true", help="skip the g++/nvcc compile of the units 0078 touches")
+    ap.add_argument("--no-series", action="store_true",
+                    help="leave the 77-patch series out (an empty series): the room is llamafile + its own patches + 0078, "
+                    "the tree the GPU library check compiles whole (the series is upstream's later diff minus the files "
+                    "llamafile's patches touch, so its CUDA sources need not compile together: 0006 renames "
+                    "quantize_mmq_mxfp4_cuda in quantize.cuh, mmq.cu, which llamafile patches, is left out)")
     ap.add_argument("--cuda-include", type=Path, help="a folder with cuBLAS headers (cublas_v2.h) when the toolkit has none, "
                     "e.g. from the nvidia-cublas wheel (tests/e2e/test_e2e_cuda_compile.py's cuda_stubs)")
     args = ap.parse_args(argv)
@@ -348,7 +353,14 @@ def main(argv: list[str]) -> int:
         print(f"{pin}: making the checkout and the series")
         t0 = time.monotonic()
         co = make_checkout(args.mirrors, work, pin, log)
-        series, n = make_user_series(args.mirrors, work, co, pin)
+        if args.no_series:
+            series, n = work / "series-none", 0
+            shutil.rmtree(series, ignore_errors=True)
+            series.mkdir()
+            for name in ("README.md", "UPSTREAM_SYNC.md"):
+                shutil.copy(REPO / "vendors" / "patches" / "llamafile" / name, series / name)
+        else:
+            series, n = make_user_series(args.mirrors, work, co, pin)
         log["series_patches"] = n
         log["prepare_seconds"] = round(time.monotonic() - t0, 1)
         cfg = make_config(co, work, pin, series)

@@ -4,8 +4,11 @@ user's real tree, a host program dlopen()s it the way llamafile does and runs on
 (three GGML_OP_FLASH_ATTN_EXT_LSE calls and their GGML_OP_FLASH_ATTN_EXT_LSE_MERGE), against the CPU backend and a
 double-precision reference (bench/gpu/lse_dlopen.cpp).
 
-    # here: a rendered room of the real tree (bench/realtree.py makes one), trimmed to what the GPU machine needs
-    python3 bench/gpu/llamafile_real_lib.py pack /tmp/realtree/b8953/cleanroom/lf-b8953   # -> cleanroom/gpu-realtree/
+    # here: a rendered room of the real tree without the synthetic series (bench/realtree.py --no-series makes one;
+    # the series is upstream's later diff minus the files llamafile patches: its CUDA sources do not compile together),
+    # trimmed to what the GPU machine needs
+    python3 bench/realtree.py --pin b8953 --work /tmp/realtree-ns --no-compile --no-series
+    python3 bench/gpu/llamafile_real_lib.py pack /tmp/realtree-ns/b8953/cleanroom/lf-b8953   # -> cleanroom/gpu-realtree/
     # on the GPU machine, carry cleanroom/gpu-realtree (about 6 MB); resumable: run it again after a timeout
     python3 bench/gpu/llamafile_real_lib.py run cleanroom/gpu-realtree --jobs 16 --budget 540
 
@@ -156,11 +159,19 @@ def build_library(tree: Path, work: Path, jobs: int, archs: str, budget: float) 
     return code, log[-4000:], (flags or "script's own").split()
 
 
+def compile_errors(log: str) -> list[str]:
+    """The units nvcc/g++ failed on, from the script's log: llamafile 0.10.x's cuda.sh links and reports success
+    without them (seen: mmq.cu failed, the library linked, dlopen then failed on ggml_cuda_op_mul_mat_q)."""
+    return sorted(set(re.findall(r'errors? detected in the compilation of "[^"]*?([\w.-]+\.cu)"', log))
+                  | set(re.findall(r"([\w.-]+\.(?:cu|cpp|c))(?::\d+)+: (?:fatal )?error:", log)))
+
+
 def check_library(lib: Path) -> dict:
     res: dict = {}
-    _, dyn = sh(["nm", "-D", "--defined-only", str(lib)], lib.parent)
+    # demangled (-C): a C++ function's symbol is _Z<len><name>..., where no word boundary precedes the name
+    _, dyn = sh(["nm", "-DC", "--defined-only", str(lib)], lib.parent)
     res["exports"] = {s: bool(re.search(rf"\b{s}\b", dyn)) for s in EXPORTS}
-    _, und = sh(["nm", "-D", "--undefined-only", str(lib)], lib.parent)
+    _, und = sh(["nm", "-DC", "--undefined-only", str(lib)], lib.parent)
     res["undefined_ggml_cuda"] = sorted(set(re.findall(r"\b(ggml_cuda_\w+)", und)))
     code, elf = sh([tool("cuobjdump"), "-lelf", str(lib)], lib.parent)
     res["cubins"] = sorted(set(re.findall(r"sm_(\d+[af]?)", elf))) if code == 0 else f"cuobjdump failed: {elf[-300:]}"
@@ -215,11 +226,13 @@ def main(argv: list[str]) -> int:
         return 3 if code == 124 else 1
     lib = folder / "ggml-cuda.so"
     results["checks"] = check_library(lib)
+    results["checks"]["compile_errors"] = compile_errors((folder / "cuda-sh.log").read_text(errors="replace"))
     print(json.dumps(results["checks"], indent=1))
     code, out = sh([str(exe), str(lib)], folder)
     results["dlopen_run"] = {"exit": code, "out": out.splitlines()}
     print(out)
-    ok = (code == 0 and all(results["checks"]["exports"].values()) and not results["checks"]["undefined_ggml_cuda"])
+    ok = (code == 0 and all(results["checks"]["exports"].values()) and not results["checks"]["undefined_ggml_cuda"]
+          and not results["checks"]["compile_errors"])
     results["ok"] = ok
     (folder / "results.json").write_text(json.dumps(results, indent=1))
     if os.environ.get("OUT"):  # the device machine's folder that comes back

@@ -441,3 +441,18 @@ def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> Non
     assert argv.split(" --host ")[0] == "$ " + " ".join([str(fake), *ruler_server_args(str(model), "dca", 32768, 8192, "llama",
                                                                                       4096, 1024)])
     assert " --override-kv llama.context_length=int:32768 --host " in argv and " -t " not in argv
+
+
+def test_gpu_library_check_sees_what_cuda_sh_hides() -> None:
+    """llamafile 0.10.x's cuda.sh links and says "Successfully built" when units failed to compile; the GPU library
+    check reads the failed units out of its log, and reads symbols demangled (a C++ name has no word boundary in
+    its mangled form)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+    import llamafile_real_lib as lib
+
+    log = ('[35/139] Compiling: mmq.cu\n/t/llama.cpp/ggml/src/ggml-cuda/mmq.cu(140): error: identifier "q" is undefined\n'
+           '2 errors detected in the compilation of "/t/llama.cpp/ggml/src/ggml-cuda/mmq.cu".\n'
+           '[36/139] Compiling: norm.cu\nggml/src/ggml.c:12:3: error: unknown type name\n'
+           'Linking...\nSuccessfully built: /t/ggml-cuda.so\n')
+    assert lib.compile_errors(log) == ["ggml.c", "mmq.cu"]
+    assert lib.compile_errors("[1/2] Compiling: a.cu\n[2/2] Compiling: b.cu\nSuccessfully built: x.so\n") == []
