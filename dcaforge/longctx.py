@@ -323,6 +323,18 @@ def dev_text(tree: Path) -> str:
     return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
 
 
+# the needle's and the question's own words: a paragraph that uses them answers "What is the pass key?" for a small
+# model ("used to pass the value to the ..."; heldout of 2026-12-06: gemma-3-270m 2/20 inside its trained window)
+NEEDLE_WORDS = re.compile(r"\b(pass|key|remember|important|info|hidden|memorize)", re.IGNORECASE)
+
+
+def needle_free(text: str) -> str:
+    """``text`` without the paragraphs (blank-line separated) that use a word of the needle or the question
+    (:data:`NEEDLE_WORDS`, as a word start: "passed", "keys", "keyword" too), so that the haystack cannot answer for
+    the needle."""
+    return "\n\n".join(p for p in re.split(r"\n\s*\n", text) if p.strip() and not NEEDLE_WORDS.search(p))
+
+
 def heldout_text() -> str:
     """The held-out text: English prose, this Python's own documentation: ``pydoc_data.topics`` (the language
     reference, as ``help()`` shows it), then every module, class and function docstring over 200 characters of the

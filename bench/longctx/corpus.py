@@ -5,13 +5,16 @@
   (the ``dcaforge/baseline`` tag, before the feature's hooks, which change with the templates),
 - held-out: English prose, Python 3.11's own documentation: ``pydoc_data.topics`` (the language reference, as
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
-  pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once.
+  pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once,
+- held-out 2: the same prose without every paragraph that uses a word of the needle or the question (pass, key,
+  remember, ...: ``longctx.needle_free``): the first held-out text answered the question itself for these models
+  ("The pass key is" -> "used to pass the value"), inside their trained windows too (sets.yaml).
 
 The builders are dcaforge.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
-        writes build/longctx/dev.txt and heldout.txt and prints their sha256, which sets.yaml pins: a text that
+        writes build/longctx/dev.txt, heldout.txt and heldout2.txt and prints their sha256, which sets.yaml pins: a text that
         differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -58,7 +61,8 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("dev", dev_text(Path(a.tree))), ("heldout", heldout_text())):
+    held = heldout_text()
+    for name, text in (("dev", dev_text(Path(a.tree))), ("heldout", held), ("heldout2", longctx.needle_free(held))):
         (out / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text)} chars, sha256 {hashlib.sha256(text.encode()).hexdigest()}")
     return 0

@@ -6,8 +6,9 @@
 #              llama-perplexity and llama-batched-bench with CUDA (sm_90), detached
 #   run_bg     the protocol's $STAGES (default "dev heldout ppl speed"), detached, once the build and both models are
 #              there (below); results in ~/lc. The machine is handed back 30 s after a call ends, detached work with
-#              it: keep calling `wait` back to back. The dev stage of 2026-12-05 is committed (dev-results/), so a
-#              session can start at STAGES="devppl heldout ppl speed" (devppl: the gemma perplexities it lost)
+#              it: keep calling `wait` back to back. Committed: dev (2026-12-05, dev-results/, its perplexities
+#              completed 2026-12-06) and heldout (2026-12-06, heldout-results/: its ceiling failed, see sets.yaml), so
+#              the next session starts at STAGES="heldout2 gemmappl speed"
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -99,6 +100,24 @@ stage_heldout() { # the choice beside the uncalibrated default (dca), YaRN and p
     wait $one_m
 }
 
+stage_heldout2() { # the needle-free held-out text (sets.yaml heldout2): each model's ceiling first (run.py stops a model whose
+    # ceiling fails), then the dev choice beside the uncalibrated default, YaRN and plain; gemma's 1M beside the rest
+    local G S
+    G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
+    $RUN passkey --set heldout2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set heldout2 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G --lengths 1048000 "${COMMON[@]}" > ~/lc/out/heldout2-1m.log 2>&1 &
+    local one_m=$!
+    $RUN passkey --set heldout2 --model smollm2-135m --methods $S,dca,yarn,plain --lengths 33000,66000 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G,dca,yarn,plain --lengths 100000 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G,dca,yarn --lengths 190000 --jobs 3 "${COMMON[@]}"
+    wait $one_m
+}
+
+stage_gemmappl() { # gemma's held-out perplexity (the 2026-12-06 run ended before it)
+    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
 stage_ppl() {
     $RUN ppl --set heldout --model smollm2-135m --methods $SMOL_DEV,dca,yarn,plain --jobs 3 "${COMMON[@]}"
     $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
@@ -127,7 +146,7 @@ collect() {
     cp ~/lc/out/*.jsonl ~/lc/out/choice.txt ~/lc/out/speed.txt "$OUT"/ 2>/dev/null
     cp ~/lc/pipeline.log "$OUT"/ 2>/dev/null
     [ -f ~/lc/out/passkey.jsonl ] && python3 bench/longctx/run.py report ~/lc/out --md "$OUT/report.md" >/dev/null
-    (cd ~/lc/out && tar czf "$OUT/logs.tar.gz" logs heldout-1m.log speed-*.log 2>/dev/null)
+    (cd ~/lc/out && tar czf "$OUT/logs.tar.gz" logs heldout-1m.log heldout2-1m.log speed-*.log 2>/dev/null)
 }
 
 step_wait() {

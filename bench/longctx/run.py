@@ -16,7 +16,9 @@ llama.cpp build (llama-server, llama-perplexity) and the models; no clean room n
 
 Methods: ``plain``; ``yarn`` (--rope-scaling yarn, factor = context / trained, --yarn-orig-ctx trained); ``dca``
 (--dca on and nothing else: the build's defaults); ``dca:S:W`` (chunk S, local window W, temperature off);
-``dca:S:W:F`` (and --dca-yarn-factor F). ``inside`` as a length runs the set's inside-window length (plain only).
+``dca:S:W:F`` (and --dca-yarn-factor F). ``inside`` as a length runs the set's inside-window length (plain only),
+before any other cell: a set with ``ceiling_min`` runs no other cell until plain attention has answered that many of
+its ``inside`` trials (exit 2, and the report marks such cells).
 """
 
 from __future__ import annotations
@@ -129,19 +131,44 @@ def run_cell(a: argparse.Namespace, method: str, length: int, label: str) -> Non
                   f" {'ok' if rec['ok'] else 'MISS'} ({rec['seconds']} s)", flush=True)
 
 
+def ceiling(dirs: list[Path], set_name: str, model: str) -> longctx.Score:
+    """Plain attention's score on the set's ``inside`` cell for the model, from the records in ``dirs``."""
+    sc = longctx.Score()
+    for d in dirs:
+        f = d / "passkey.jsonl"
+        for line in (f.read_text().splitlines() if f.exists() else []):
+            r = json.loads(line)
+            if r["set"] == set_name and r["model"] == model and r["length"] == "inside" and r["method"] == "plain":
+                sc.add(longctx.passed(r["key"], r["answer"]))
+    return sc
+
+
+def ceiling_verdict(set_name: str, model: str, sc: longctx.Score) -> str | None:
+    """None when the set's ``ceiling_min`` holds (or the set has none), else why its extension cells judge nothing."""
+    s = SETS["sets"][set_name]
+    need = s.get("ceiling_min")
+    if need is None:
+        return None
+    if sc.n < s["trials"]:
+        return f"{set_name}/{model}: the inside-window ceiling is not measured yet ({sc.n} of {s['trials']} trials)"
+    if sc.k < need:
+        return (f"{set_name}/{model}: plain attention answers {sc.k}/{sc.n} inside the trained window, below the set's "
+                f"ceiling_min {need}: this text cannot judge a method that extends the window")
+    return None
+
+
 def cmd_passkey(a: argparse.Namespace) -> int:
     s = SETS["sets"][a.set]
     cell = s["cells"][a.model]
     Path(a.out, "logs").mkdir(parents=True, exist_ok=True)
     lengths = [x for x in (a.lengths.split(",") if a.lengths else [str(v) for v in cell["lengths"]])]
-    jobs = []
-    for method in a.methods.split(","):
-        for x in lengths:
-            if x == "inside":
-                if method == "plain":
-                    jobs.append((method, int(cell["inside"]), "inside"))
-                continue
-            jobs.append((method, int(x), x))
+    if "inside" in lengths:   # the ceiling first (sets.yaml): the set's sanity check
+        run_cell(a, "plain", int(cell["inside"]), "inside")
+    jobs = [(method, int(x), x) for method in a.methods.split(",") for x in lengths if x != "inside"]
+    why = ceiling_verdict(a.set, a.model, ceiling([Path(a.out)], a.set, a.model)) if jobs else None
+    if why:
+        print(f"refused: {why}; run `inside` first (--lengths inside,...)", file=sys.stderr, flush=True)
+        return 2
     with cf.ThreadPoolExecutor(max_workers=a.jobs) as ex:
         for f in [ex.submit(run_cell, a, *j) for j in jobs]:
             f.result()
@@ -220,7 +247,13 @@ def report(dirs: list[Path]) -> str:
                                                                                    int(kv[0][2]) if kv[0][2].isdigit() else 0)):
         trained = SETS["models"][model]["trained"]
         mult = "inside" if length == "inside" else f"{int(length) / trained:.1f}x"
-        out.append(f"| {set_name} | {model} | {length} ({mult}) | " + " | ".join(f"{m}: {s}" for m, s in methods.items()) + " |")
+        note, need = "", SETS["sets"][set_name].get("ceiling_min")
+        if length != "inside" and need is not None:
+            c = ceiling(dirs, set_name, model)
+            note = (" (ceiling not measured)" if c.n == 0 else
+                    f" (ceiling {c.k}/{c.n} < {need}: judges no method)" if ceiling_verdict(set_name, model, c) else "")
+        out.append(f"| {set_name} | {model} | {length} ({mult}){note} | "
+                   + " | ".join(f"{m}: {s}" for m, s in methods.items()) + " |")
     ppl: dict[tuple[str, str, int], dict[str, Any]] = {}
     for d in dirs:
         f = d / "ppl.jsonl"
@@ -235,7 +268,7 @@ def report(dirs: list[Path]) -> str:
     return txt + "\n"
 
 
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("passkey", "ppl"):
@@ -262,7 +295,11 @@ def main() -> int:
     p = sub.add_parser("report")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--md", default="")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    a = parse()
     if a.cmd == "passkey":
         return cmd_passkey(a)
     if a.cmd == "ppl":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,21 +110,68 @@ def test_the_sets_differ_in_every_axis():
     assert len(ks & kh) <= math.ceil(0.02 * len(kh)), "the sets share keys"
 
 
-def test_committed_dev_results_are_the_sets_trials_scored_strictly():
-    """bench/longctx/dev-results: every record is a trial of the dev set as sets.yaml defines it (its key), and its
-    score is the strict one recomputed from the answer, not taken from the file."""
+@pytest.mark.parametrize("folder, set_name", [("dev-results", "dev"), ("heldout-results", "heldout")])
+def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_name):
+    """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
+    its score is the strict one recomputed from the answer, not taken from the file."""
     import json
 
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
-    dev = sets["dev"]
-    rows = [json.loads(line) for line in (REPO / "bench" / "longctx" / "dev-results" / "passkey.jsonl").read_text().splitlines()]
+    st = sets[set_name]
+    rows = [json.loads(line) for line in (REPO / "bench" / "longctx" / folder / "passkey.jsonl").read_text().splitlines()]
     assert len(rows) >= 200
     keys = {}
     for r in rows:
-        assert r["set"] == "dev"
-        n = int(r["length"])
+        assert r["set"] == set_name
+        n = int(st["cells"][r["model"]]["inside"]) if r["length"] == "inside" else int(r["length"])
         if (n, r["index"]) not in keys:
-            keys[(n, r["index"])] = longctx.trials("dev", dev["seed"], n, dev["trials"])[r["index"]].key
+            count = 3 if n >= 500_000 else st["trials"]
+            keys[(n, r["index"])] = longctx.trials(set_name, st["seed"], n, count)[r["index"]].key
         assert r["key"] == keys[(n, r["index"])], r
         assert r["tokens"] == n
         assert r["ok"] == longctx.passed(r["key"], r["answer"]), r
+
+
+def test_needle_free_drops_every_paragraph_that_could_answer():
+    text = ("The pass key is used to pass the value.\n\nA plain paragraph about lists.\n\n"
+            "Keyword arguments go last.\n\nRemember the cache.\n\nThe bypass works (no word start).\n\n  \n\nLast one.")
+    out = longctx.needle_free(text)
+    assert out.split("\n\n") == ["A plain paragraph about lists.", "The bypass works (no word start).", "Last one."]
+    assert not longctx.NEEDLE_WORDS.search(out)
+
+
+def test_heldout2_is_the_needle_free_heldout_and_differs_from_both():
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    h1, h2 = sets["heldout"], sets["heldout2"]
+    assert h2["ceiling_min"] >= 0.8 * h2["trials"] and h2["seed"] not in (h1["seed"], sets["dev"]["seed"])
+    for model, cell in h2["cells"].items():
+        assert not set(cell["lengths"]) & (set(h1["cells"][model]["lengths"]) | set(sets["dev"]["cells"][model]["lengths"]))
+    if sys.version_info[:2] == (3, 11):   # the text is Python 3.11's documentation
+        assert longctx.sha256_text(longctx.needle_free(longctx.heldout_text())) == h2["text"]["sha256"]
+
+
+def test_a_set_whose_ceiling_fails_runs_no_extension_cell(tmp_path, capsys):
+    """run.py passkey: a set's extension cells wait for plain attention's inside-window ceiling (sets.yaml
+    ceiling_min): not measured or below it, nothing is run (exit 2) and the report marks the cells."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    def rec(length, method, i, ok):
+        key = "12345"
+        return json.dumps({"set": "heldout2", "model": "smollm2-135m", "length": length, "method": method,
+                           "index": i, "key": key, "answer": f" {key if ok else 'used to pass'}.", "ok": ok})
+
+    args = ["passkey", "--set", "heldout2", "--model", "smollm2-135m", "--methods", "dca", "--lengths", "33000",
+            "--bin", str(tmp_path / "no-bin"), "--models", str(tmp_path), "--texts", str(tmp_path), "--out", str(tmp_path)]
+    assert run.cmd_passkey(run.parse(args)) == 2
+    assert "not measured" in capsys.readouterr().err
+    lines = [rec("inside", "plain", i, i < 9) for i in range(20)] + [rec("33000", "dca", i, True) for i in range(20)]
+    (tmp_path / "passkey.jsonl").write_text("\n".join(lines) + "\n")
+    assert run.cmd_passkey(run.parse(args)) == 2
+    assert "9/20" in capsys.readouterr().err
+    assert "(ceiling 9/20 < 16: judges no method)" in run.report([tmp_path])
+    lines = [rec("inside", "plain", i, i < 17) for i in range(20)]
+    (tmp_path / "passkey.jsonl").write_text("\n".join(lines) + "\n")
+    assert run.ceiling_verdict("heldout2", "smollm2-135m", run.ceiling([tmp_path], "heldout2", "smollm2-135m")) is None
