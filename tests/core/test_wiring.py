@@ -155,13 +155,15 @@ def test_shipped_templates_wire_explicit_lists_and_leave_globs_alone(tmp_path: P
     assert [(e.file, e.status) for e in p.edits] == [("BUILD.mk", "ok"), ("llamafile/cuda.sh", "ok")]
     build_mk = p.outputs["llama.cpp/BUILD.mk"][0].decode()
     assert ("# opencoti F5 dca: the feature's sources (llamafile's BUILD.mk lists every llama.cpp source)\n"
-            "LLAMA_SRCS_CPP += \\\n\tllama.cpp/src/llama-dca.cpp \\\n\tllama.cpp/src/llama-dca-context.cpp\n\n"
+            "LLAMA_SRCS_CPP += \\\n\tllama.cpp/src/llama-dca.cpp \\\n\tllama.cpp/src/llama-dca-context.cpp \\\n"
+            "\tllama.cpp/src/llama-dca-plan.cpp\n\n"
             "LLAMA_OBJS :=") in build_mk
     script = p.outputs["llamafile/cuda.sh"][0].decode()
     assert ("  llama.cpp/ggml/src/ggml-cuda/acc.cu \\\n  llama.cpp/ggml/src/ggml-cuda/fattn-lse-merge.cu \\\n"
             "  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu \\\n"
             "  llama.cpp/ggml/src/ggml-cuda/fattn.cu \\\n  llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu") in script
-    new = {**NEW, "llama.cpp/src/llama-dca-context.cpp": (b"", 0o644), **p.outputs}
+    new = {**NEW, "llama.cpp/src/llama-dca-context.cpp": (b"", 0o644), "llama.cpp/src/llama-dca-plan.cpp": (b"", 0o644),
+           **p.outputs}
     assert check_wiring(cfg, tree, new).ok
     # glob forms: both edits are skipped, the globs build the files
     glob = _llamafile(tmp_path / "g", "", SCRIPT.replace("  llama.cpp/ggml/src/ggml-cuda/acc.cu",

@@ -100,6 +100,10 @@ def _wiring_lines(out: str) -> dict[str, str]:
             for m in re.finditer(r"(?m)^  (ok|missing|unbuilt)\s+(\S+?):? (.*)$", out)}
 
 
+#: the feature's C++ sources in llamafile's layout (BUILD.mk's LLAMA_SRCS_CPP gains them)
+DCA_SOURCES = ("llama.cpp/src/llama-dca.cpp", "llama.cpp/src/llama-dca-context.cpp", "llama.cpp/src/llama-dca-plan.cpp")
+
+
 def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Checkout, tmp_path: Path) -> None:
     cfg_path = new_pin.config("lf")
     c = str(cfg_path)
@@ -110,7 +114,8 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     assert "bootstrap: 2 patches of the tree applied" in p.stdout, p.stdout
     # the wiring is rendered: llamafile's explicit list and the GPU script's source list
     build_mk = (room / "llama.cpp/BUILD.mk").read_text()
-    assert "LLAMA_SRCS_CPP += \\\n\tllama.cpp/src/llama-dca.cpp \\\n\tllama.cpp/src/llama-dca-context.cpp\n" in build_mk
+    assert ("LLAMA_SRCS_CPP += \\\n\tllama.cpp/src/llama-dca.cpp \\\n\tllama.cpp/src/llama-dca-context.cpp \\\n"
+            "\tllama.cpp/src/llama-dca-plan.cpp\n") in build_mk
     assert build_mk.index("LLAMA_SRCS_CPP += ") < build_mk.index("LLAMA_OBJS :=")
     script = (room / "llamafile/cuda.sh").read_text()
     assert ("  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu \\\n  llama.cpp/ggml/src/ggml-cuda/fattn.cu \\\n") in script
@@ -121,6 +126,7 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     rows = _wiring_lines(p.stdout)
     assert rows["llama.cpp/src/llama-dca.cpp"].startswith("ok LLAMA_SRCS_CPP (explicit, llama.cpp/BUILD.mk:")
     assert "o/llama.cpp/llama.cpp.a" in rows["llama.cpp/src/llama-dca-context.cpp"]
+    assert rows["llama.cpp/src/llama-dca-plan.cpp"].startswith("ok LLAMA_SRCS_CPP (explicit, llama.cpp/BUILD.mk:")
     assert rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu"].startswith("ok llamafile/cuda.sh line ")
     assert rows["llama.cpp/ggml/src/ggml-cuda/fattn-lse-merge.cu"].startswith("ok llamafile/cuda.sh line ")
     assert not any(r.startswith("missing") for r in rows.values()), rows
@@ -140,7 +146,7 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     # the real Makefile in dry-run mode, the GPU script with a recording nvcc
     p = cli("build", "-c", c, "--dry-run", "--cuda", "--trust")
     assert p.returncode == 0, p.stdout + p.stderr
-    for src in ("llama.cpp/src/llama-dca.cpp", "llama.cpp/src/llama-dca-context.cpp"):
+    for src in DCA_SOURCES:
         obj = "o/" + src + ".o"
         assert f"  {src} -> {obj}; linked into {', '.join(PROGRAMS)}\n" in p.stdout, p.stdout
     assert "  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu: handed to nvcc" in p.stdout
@@ -157,7 +163,7 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
         rep = dry_run(cfg, cuda=True, trust=True)
     finally:
         os.environ.pop("CUBLAS_INCLUDE", None)
-    assert rep.ok and set(rep.compiles) == {"llama.cpp/src/llama-dca.cpp", "llama.cpp/src/llama-dca-context.cpp"}
+    assert rep.ok and set(rep.compiles) == set(DCA_SOURCES)
 
     # each DCA translation unit with the host compiler and the flags of the dry run
     objs = tmp_path / "objs"
