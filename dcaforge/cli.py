@@ -30,8 +30,8 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
     told = None
     try:
-        from .commands import common
-        from .commands.app import app
+        from dcaforge.commands import common
+        from dcaforge.commands.app import app
 
         told = common.interrupt_told
         common.run_from(sys.argv[1:])
@@ -49,7 +49,7 @@ def main() -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "app":  # `from dcaforge.cli import app`: the typer app, imported when first asked for
-        from .commands.app import app
+        from dcaforge.commands.app import app
 
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

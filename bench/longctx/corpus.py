@@ -7,7 +7,7 @@
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once.
 
-The builders are dcaforge.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
+The builders are dcaforge.gate.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dcaforge import longctx  # noqa: E402
+from dcaforge.gate.gate import longctx  # noqa: E402
 
 
 def dev_text(tree: Path) -> str:

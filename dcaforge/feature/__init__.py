@@ -1,0 +1,1 @@
+"""The feature wing (docs/development.md, "The wings")."""

@@ -1,0 +1,1 @@
+"""The gate wing (docs/development.md, "The wings")."""

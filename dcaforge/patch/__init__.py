@@ -1,0 +1,1 @@
+"""The patch wing (docs/development.md, "The wings")."""

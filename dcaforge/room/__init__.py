@@ -1,0 +1,1 @@
+"""The room wing (docs/development.md, "The wings")."""
