@@ -12,9 +12,9 @@ import typer
 from rich.markup import escape
 from rich.progress import Progress
 
-from dcaforge.build.build import BuildHooks, cmake_plan, dry_run
-from dcaforge.build.build import Progress as BuildProgress
-from dcaforge.build.build import build as do_build
+from dcaforge.builder.build import BuildHooks, cmake_plan, dry_run
+from dcaforge.builder.build import Progress as BuildProgress
+from dcaforge.builder.build import build as do_build
 from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json, progress_bar, shorten
 from dcaforge.commands.render import print_wiring
 from dcaforge.config import Config

@@ -15,7 +15,7 @@ names is an error naming the file and the list it must join (the list holding mo
 siblings, with its file and line). A file in a folder the build does not build at all (llamafile's
 make builds no ``tests/``; a tree without a GPU library script builds no CUDA) is reported as
 ``unbuilt``, not an error. The dynamic counterpart (the real Makefile in dry-run mode, the GPU
-script with a stand-in nvcc) is :mod:`dcaforge.build.dryrun`.
+script with a stand-in nvcc) is :mod:`dcaforge.builder.dryrun`.
 """
 
 from __future__ import annotations

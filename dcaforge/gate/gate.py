@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dcaforge import guard, ruler
-from dcaforge.build.build import baseline_path
+from dcaforge.builder.build import baseline_path
 from dcaforge.config import Config, GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.plot import plot
@@ -285,7 +285,7 @@ class _Ctx:
         """The clean room's llama-server, built first (as ``dcaforge build --targets llama-server``) when missing."""
         exe = self.feature_build / "bin" / "llama-server"
         if not exe.is_file():
-            from dcaforge.build.build import BuildHooks, build
+            from dcaforge.builder.build import BuildHooks, build
 
             self.step("build llama-server (dcaforge build --targets llama-server)")
             build(self.cfg, targets=["llama-server"],

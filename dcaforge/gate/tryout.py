@@ -79,7 +79,7 @@ def try_model(cfg: Config, model: Path, *, ctx: int | None = None, prompt_file: 
         raise DcaforgeError("dcaforge try runs the cmake build's llama-server (build.backend: cmake)",
                             hint="serve the llamafile build's llama-server by hand with --dca on")
     if not exe.is_file():
-        from dcaforge.build.build import BuildHooks, build
+        from dcaforge.builder.build import BuildHooks, build
 
         step("build llama-server (dcaforge build --targets llama-server)")
         build(cfg, targets=["llama-server"], hooks=BuildHooks(on_step=lambda what, argv: step(f"  {what}")))

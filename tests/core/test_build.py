@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dcaforge.build import build as bmod
-from dcaforge.build.build import Progress, first_error, parse_progress
+from dcaforge.builder import build as bmod
+from dcaforge.builder.build import Progress, first_error, parse_progress
 from dcaforge.cli import app
 from dcaforge.config import parse_config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError

@@ -236,7 +236,7 @@ def test_the_script_dry_run_records_a_sourced_scripts_calls(tmp_path: Path) -> N
     """The 0.10.x-shaped script run for real with recording stand-ins: nvcc found at $CUDA_PATH/bin, one
     nvcc call per source by absolute path (made tree-relative), gcc/g++ for ggml's core, the build in
     $HOME/.cache of the scratch folder (never the user's HOME)."""
-    from dcaforge.build.dryrun import script_dry_run
+    from dcaforge.builder.dryrun import script_dry_run
 
     tree = _sourced(tmp_path)
     (tree.root / "llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu").write_text("")

@@ -16,7 +16,7 @@ the build would compile and link.
   flags are what :func:`nvcc_compile_args` reuses to compile single translation units with the real nvcc.
 
 Both run code of the tree (make evaluates the Makefile's ``$(shell ...)`` even under ``-n``), so
-:func:`dcaforge.build.build.dry_run` runs them only with the user's consent.
+:func:`dcaforge.builder.build.dry_run` runs them only with the user's consent.
 - :func:`host_compile_args`: a cosmocc compile command as the host's gcc/g++ takes it (cosmocc's
   own flags such as ``-mcosmo`` dropped), to compile a translation unit with the dry run's flags.
 

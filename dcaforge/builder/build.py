@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcaforge import guard
-from dcaforge.room.cleanroom import BASELINE_TAG, Room, locked
 from dcaforge.config import Config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, MismatchError, SafetyError, ToolchainError
 from dcaforge.git import git, rev_parse, run, run_streaming
+from dcaforge.room.cleanroom import BASELINE_TAG, Room, locked
 
 #: -D settings every cmake build gets unless the config's ``build.cmake.defines`` says otherwise:
 #: static libraries (the gates link the logits dumper against libllama.a), no network pieces.
@@ -706,8 +706,8 @@ def cmake_plan(cfg: Config, *, cuda: bool = False, targets: Sequence[str] | None
     runs) and names each target's file; nothing is compiled. Configuring runs the tree's CMake code
     (``execute_process``), so, as llamafile's dry run, only for a trusted config (the built-in default is;
     ``trust``: --trust), and an unrendered room is refused as capture refuses it."""
-    from dcaforge.patch.capture import check_whole
     from dcaforge.feature.wiring import check_room
+    from dcaforge.patch.capture import check_whole
 
     if cfg.build.backend != "cmake":
         raise DcaforgeError("the configure-only plan is for build.backend: cmake",
@@ -843,9 +843,9 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
     ``--clean``, and must hand nvcc every added .cu file. It runs code of the tree and the config,
     so only for a trusted config (``trust``: --trust; :func:`require_dry_run_consent`). A dry run
     starts no compiler and deletes nothing outside its scratch folder."""
-    from dcaforge.build import dryrun
-    from dcaforge.patch.capture import check_whole
+    from dcaforge.builder import dryrun
     from dcaforge.feature.wiring import check_room
+    from dcaforge.patch.capture import check_whole
 
     if cfg.build.backend != "llamafile":
         raise DcaforgeError("--dry-run is for build.backend: llamafile (cosmocc's make without cosmocc)",
