@@ -1,7 +1,7 @@
 """The command line's entry point (``dcaforge``, ``python -m dcaforge.cli``).
 
 :func:`main` puts the signal handlers in place before anything heavy is imported (the typer app,
-rich, GitPython: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
+rich and the library behind them: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
 while Python is still importing, ends the run with exit 130 and a message, never a traceback. The
 app itself (its options and commands) is :mod:`dcaforge.commands.app`; ``dcaforge.cli.app`` names it.
 """
