@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dcaforge.config import parse_config
-from dcaforge.source import prepare
+from dcaforge.room.source import prepare
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
 

@@ -3,8 +3,8 @@
 
 llama.cpp sizes its compute buffers once, at context creation, from worst-case ("reserve") graphs
 of a full cache; the scheduler reports them as "<buffer type> compute buffer size = X MiB" and the
-graphs as "graph ...: nodes = ...". This script creates a context with dcaforge/gatetools/dca_logits.cpp
-(built against the tree by dcaforge/gatetools/build_logits.py) on a tiny model of dcaforge/gatetools/tiny.py
+graphs as "graph ...: nodes = ...". This script creates a context with dcaforge/gate/gatetools/dca_logits.cpp
+(built against the tree by dcaforge/gate/gatetools/build_logits.py) on a tiny model of dcaforge/gate/gatetools/tiny.py
 (trained context 256) at --n-ctx cells, with and without --dca on (S = 192, w = 32), flash attention
 on (at --n-ctx) and off (at --n-ctx-nofa: without flash attention plain llama.cpp itself needs an F32
 KQ of n_ctx x ubatch x n_head, 8 GiB at 1M cells), evaluates a few tokens, and writes those figures as
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dcaforge.gatetools import build_logits, tiny  # noqa: E402
+from dcaforge.gate.gatetools import build_logits, tiny  # noqa: E402
 
 S, W = 192, 32
 BUF = re.compile(r"(\S+) compute buffer size =\s+([\d.]+) MiB")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python bench/dca_memory.py TREE BUILD --n-ctx {a.n_ctx} --n-ctx-nofa {a.n_ctx_nofa} --ubatch {a.ubatch} "
         f"--arch {' '.join(a.arch)}`",
         f"(per run: `dca_logits {' '.join(_placeholders(rows[0][3][True]['cmd'][1:]))}`, with "
-        "`-m` a tiny model of dcaforge/gatetools/tiny.py, trained context 256; without `--dca ...` for plain).",
+        "`-m` a tiny model of dcaforge/gate/gatetools/tiny.py, trained context 256; without `--dca ...` for plain).",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores. Figures: the scheduler's \"compute buffer size\" lines "
         "at context creation (the reserve graphs of a full cache: they size the buffers for every later ubatch), "
         "and its \"graph: nodes\" line (prompt / generation reserve graphs).",

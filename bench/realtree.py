@@ -168,7 +168,7 @@ def make_checkout(mirrors: Path, work: Path, pin: str, log: dict) -> Path:
         git(co, "commit", "-q", "-m", f"bump llama.cpp to {pin}; BUILD.mk's source lists refreshed")
     # make setup, as the user runs it (its submodules are there: it fetches nothing); its work stays uncommitted. The
     # Makefile includes o//depend, made by cosmocc's mkdeps: dcaforge's recording stand-in of cosmocc writes it empty
-    from dcaforge.dryrun import cosmocc_standin
+    from dcaforge.builder.dryrun import cosmocc_standin
 
     cosmo = cosmocc_standin(work / "cosmocc-standin")
     t0 = time.monotonic()
@@ -290,8 +290,8 @@ def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = N
     """Past the chain: each C++ unit 0078 adds, with g++ and exactly the flags the dry run's make -n gives it
     (cosmocc's own left out), and the CUDA units it adds or edits with nvcc and exactly the flags the real GPU
     script hands nvcc for them (sm_86 only: one architecture is the check, not the library)."""
-    from dcaforge import dryrun
-    from dcaforge.build import dry_run
+    from dcaforge.builder import dryrun
+    from dcaforge.builder.build import dry_run
     from dcaforge.config import parse_config
 
     config = parse_config(cfg)

@@ -1,7 +1,7 @@
 """The command line's entry point (``dcaforge``, ``python -m dcaforge.cli``).
 
 :func:`main` puts the signal handlers in place before anything heavy is imported (the typer app,
-rich, GitPython: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
+rich and the library behind them: a second or more on a loaded machine), so Ctrl-C or SIGTERM at any moment, even
 while Python is still importing, ends the run with exit 130 and a message, never a traceback. The
 app itself (its options and commands) is :mod:`dcaforge.commands.app`; ``dcaforge.cli.app`` names it.
 """
@@ -30,8 +30,8 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
     told = None
     try:
-        from .commands import common
-        from .commands.app import app
+        from dcaforge.commands import common
+        from dcaforge.commands.app import app
 
         told = common.interrupt_told
         common.run_from(sys.argv[1:])
@@ -49,7 +49,7 @@ def main() -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "app":  # `from dcaforge.cli import app`: the typer app, imported when first asked for
-        from .commands.app import app
+        from dcaforge.commands.app import app
 
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import REPO_ROOT
-from .confine import path_problem
-from .errors import ConfigError
-from .ruler import TASKS as RULER_TASKS
-from .yamlio import Reader, describe, load_yaml
+from dcaforge import REPO_ROOT
+from dcaforge.confine import path_problem
+from dcaforge.errors import ConfigError
+from dcaforge.ruler import TASKS as RULER_TASKS
+from dcaforge.yamlio import Reader, describe, load_yaml
 
 DEFAULT_CONFIG_NAME = "dcaforge.yaml"
 #: The built-in default in the checkout dcaforge runs from (an editable install, or the tests).
@@ -181,7 +181,7 @@ class GateConfig:
     kind: str                       # one of GATE_KINDS
     where: str                      # file:line of the entry, for messages
     model: Path | None = None       # a GGUF file
-    recipe: str | None = None       # or "tiny:<arch>[:<variant>]" (dcaforge/gatetools/tiny.py)
+    recipe: str | None = None       # or "tiny:<arch>[:<variant>]" (dcaforge/gate/gatetools/tiny.py)
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own settings
 
 
@@ -466,7 +466,7 @@ def _parse_bookkeeping(top: Reader, root: Path, feature: FeatureConfig) -> Bookk
     import jinja2
     import jinja2.meta
 
-    from . import sandbox
+    from dcaforge import sandbox
 
     bk = top.sub("bookkeeping")
     bk.check_keys({"series_readme", "upstream_sync"})

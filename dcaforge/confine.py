@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SafetyError
-from .patchfile import ParsedPatch
+from dcaforge.errors import SafetyError
+from dcaforge.patchfile import ParsedPatch
 
 # code points HFS+ ignores in file names, so ".g\u200cit" is ".git" there (git refuses them too)
 _IGNORED = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"

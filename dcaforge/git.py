@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CommandError, SafetyError, ToolchainError
+from dcaforge.errors import CommandError, SafetyError, ToolchainError
 
 log = logging.getLogger("dcaforge")
 

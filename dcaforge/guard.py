@@ -22,7 +22,7 @@ Each part of the rule has its functions here, and every call site goes through t
   link), :func:`release_lock` (deletes the lock only while it is still the file this run made),
   :func:`own_folder` (a folder dcaforge writes or deletes in is a real folder, not a symlink) and
   :func:`remove_leftover` (only a real folder an interrupted run left is ever removed). Files are
-  written through a temporary file and a rename (:func:`dcaforge.cleanroom.write_all_atomic`),
+  written through a temporary file and a rename (:func:`dcaforge.room.cleanroom.write_all_atomic`),
   which replaces a link instead of writing through it.
 
 Every refusal is a :class:`~dcaforge.errors.DcaforgeError` that says what, where and what to do next.
@@ -38,7 +38,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from .errors import ConfigError, DcaforgeError, SafetyError
+from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 
 #: The most bytes a tree reader reads from one file (llama.cpp's largest sources are a few MB).
 TREE_FILE_LIMIT = 64 * 1024 * 1024

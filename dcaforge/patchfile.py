@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from dcaforge.errors import ConfigError
 
 NUMBERED = re.compile(r"^(\d{4})-.+\.(?:patch|diff)$")
 #: Larger patch files are refused before they are read (the whole llamafile series is a few MiB).

@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from . import guard
+from dcaforge import guard
 
 #: Characters a render may produce (the largest shipped template renders to about 40 KiB).
 MAX_OUTPUT = 64 * 1024 * 1024

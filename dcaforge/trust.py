@@ -23,10 +23,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import guard
-from .config import BUILTIN_CONFIG, BootstrapStep, Config, PypiSource, parse_config
-from .errors import ConfigError, DcaforgeError
-from .yamlio import Reader, load_yaml
+from dcaforge import guard
+from dcaforge.config import BUILTIN_CONFIG, BootstrapStep, Config, PypiSource, parse_config
+from dcaforge.errors import ConfigError, DcaforgeError
+from dcaforge.yamlio import Reader, load_yaml
 
 #: A config declares commands and is not trusted (the refusal of :func:`dcaforge.guard.require_consent`).
 TrustError = guard.ConsentError

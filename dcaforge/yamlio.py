@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from . import guard
-from .errors import ConfigError, DcaforgeError
+from dcaforge import guard
+from dcaforge.errors import ConfigError, DcaforgeError
 
 #: Larger YAML files are refused unread (the shipped manifest is about 60 KiB).
 MAX_YAML_BYTES = 8 * 1024 * 1024

@@ -9,7 +9,7 @@ nvcc, and the check that it holds the LSE op (the GPU machine's part of issue 13
     python3 bench/gpu/llamafile_cuda_lib.py build cleanroom/gpu-llamafile/tree.tar.gz --jobs 16
 
 ``build`` unpacks the tree, records the one nvcc call the tree's GPU script makes (the script runs
-for real, with a recording nvcc first on PATH: dcaforge.dryrun), compiles every source of that call
+for real, with a recording nvcc first on PATH: dcaforge.builder.dryrun), compiles every source of that call
 with exactly its flags (``-c``, in parallel: the script's single nvcc call compiles them one after
 the other, hours for ~150 sources), links them with the call's own flags and libraries into the
 script's output, then checks:
@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from dcaforge.dryrun import nvcc_compile_args, script_dry_run  # noqa: E402
+from dcaforge.builder.dryrun import nvcc_compile_args, script_dry_run  # noqa: E402
 
 SCRIPT = "llamafile/cuda.sh"
 KEEP = ("llamafile/cuda.sh", "build/cudacc", "llama.cpp/ggml/")

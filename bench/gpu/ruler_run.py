@@ -1,4 +1,4 @@
-"""The ruler gate's measurement (dcaforge.gate.measure_ruler) on a machine without a clean room: the
+"""The ruler gate's measurement (dcaforge.gate.gate.measure_ruler) on a machine without a clean room: the
 GPU box has a llama.cpp build and models, not the git room that `dcaforge gate` needs.
 
     python bench/gpu/ruler_run.py run --server BIN/llama-server --model M.gguf --name NAME --out DIR \
@@ -38,9 +38,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dcaforge import ruler
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate import METHODS, GateResult, gguf_metadata, measure_ruler, points_table, ruler_answer_fields, ruler_prompt_fields, ruler_server_args
-from dcaforge.plot import plot
-from dcaforge.server import LlamaServer
+from dcaforge.gate.gate import (
+    METHODS,
+    GateResult,
+    gguf_metadata,
+    measure_ruler,
+    points_table,
+    ruler_answer_fields,
+    ruler_prompt_fields,
+    ruler_server_args,
+)
+from dcaforge.gate.plot import plot
+from dcaforge.gate.server import LlamaServer
 
 
 def _load(paths: list[str]) -> list[GateResult]:

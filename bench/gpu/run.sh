@@ -318,7 +318,7 @@ step_speed_qwen() { # issue 15's Qwen-architecture speed: the same cells as spee
     speed_cells qwen "$QWEN" 3 66048 32768,65536 "${QWEN_DCA[@]}"
 }
 
-# issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (dcaforge/gatetools/tiny.py
+# issue 15's Qwen-architecture speed on the GPU: a random-weight qwen2 of Qwen2.5-0.5B's shape (dcaforge/gate/gatetools/tiny.py
 # shape qwen2-0.5b: n_embd 896, 24 layers, 14 heads, 2 KV heads, head dim 64, n_ff 4864, qkv bias, rope base 1e6,
 # trained 32768; F16 matrices, ~717 MB), written here on first use (~10 s) with the unpacked tree's gguf-py. Speed does
 # not depend on weight values. Its vocabulary is the 258-token byte tokenizer, not Qwen's 151,936 tokens: the real
@@ -331,7 +331,7 @@ qwen05_model() { # writes $QWEN05 unless it is there (through a temporary file: 
     [ -f "$QWEN05" ] && return 0
     [ -d ~/llb/src/gguf-py ] || { echo "no ~/llb/src/gguf-py: run the build step first (it unpacks the tree)"; return 1; }
     local t0=$SECONDS
-    PYTHONPATH="$PWD:$HOME/llb/src/gguf-py" python3 -m dcaforge.gatetools.tiny ~/model --shape qwen2-0.5b --dtype f16 \
+    PYTHONPATH="$PWD:$HOME/llb/src/gguf-py" python3 -m dcaforge.gate.gatetools.tiny ~/model --shape qwen2-0.5b --dtype f16 \
         || { echo "writing $QWEN05 failed"; return 1; }
     echo "qwen2-0.5b shape written: $((SECONDS - t0)) s"
 }

@@ -10,7 +10,7 @@
   remember, ...: ``longctx.needle_free``): the first held-out text answered the question itself for these models
   ("The pass key is" -> "used to pass the value"), inside their trained windows too (sets.yaml).
 
-The builders are dcaforge.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
+The builders are dcaforge.gate.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dcaforge import longctx  # noqa: E402
+from dcaforge.gate import longctx  # noqa: E402
 
 
 def dev_text(tree: Path) -> str:

@@ -1,4 +1,4 @@
-"""The long-context protocol's runner (sets.yaml; prompts and scoring: dcaforge/longctx.py), on a machine with a
+"""The long-context protocol's runner (sets.yaml; prompts and scoring: dcaforge/gate/longctx.py), on a machine with a
 llama.cpp build (llama-server, llama-perplexity) and the models; no clean room needed.
 
     python bench/longctx/run.py passkey --set dev --model gemma-3-270m --methods plain,yarn,dca:4096:512 \
@@ -38,9 +38,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dcaforge import longctx  # noqa: E402
-from dcaforge.gate import parse_perplexity, perplexity_from_logits  # noqa: E402
-from dcaforge.server import LlamaServer  # noqa: E402
+from dcaforge.gate import longctx  # noqa: E402
+from dcaforge.gate.gate import parse_perplexity, perplexity_from_logits  # noqa: E402
+from dcaforge.gate.server import LlamaServer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SETS = yaml.safe_load((HERE / "sets.yaml").read_text())
@@ -48,7 +48,7 @@ _lock = threading.Lock()
 
 
 def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str]:
-    """dcaforge.longctx.method_args (the flags of a method, shared with ``dcaforge calibrate``); an unknown method
+    """dcaforge.gate.longctx.method_args (the flags of a method, shared with ``dcaforge calibrate``); an unknown method
     stops the run."""
     try:
         return longctx.method_args(method, ctx, trained, arch)
@@ -214,7 +214,7 @@ def cmd_ppl(a: argparse.Namespace) -> int:
 
 
 def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> tuple[str, str]:
-    """(the chosen method, why): dcaforge.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the set's
+    """(the chosen method, why): dcaforge.gate.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the set's
     passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2."""
     scores = {m: longctx.Score() for m in methods}
     ppl: dict[str, list[float]] = {m: [] for m in methods}

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from .. import __version__
-from . import apply, build, calibrate, gate, patch, render, status, tryout
-from .common import out, setup_logging
+from dcaforge import __version__
+from dcaforge.commands import apply, build, calibrate, gate, patch, render, status, tryout
+from dcaforge.commands.common import out, setup_logging
 
 #: plain help (``-c, --config CONFIG``, flags without a type label, at most 80 columns wide); shell
 #: completion: ``dcaforge --install-completion`` (bash, zsh, fish) or ``--show-completion``

@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..patchfile import Patch
-from ..series import ApplyHooks
-from ..series import apply as do_apply
-from .common import ConfigOpt, DownloadBar, JsonOpt, call, err, load, out, print_json
+from dcaforge.commands.common import ConfigOpt, DownloadBar, JsonOpt, call, err, load, out, print_json
+from dcaforge.patch.series import ApplyHooks
+from dcaforge.patch.series import apply as do_apply
+from dcaforge.patchfile import Patch
 
 
 def apply(

@@ -12,14 +12,14 @@ import typer
 from rich.markup import escape
 from rich.progress import Progress
 
-from ..build import BuildHooks, cmake_plan, dry_run
-from ..build import Progress as BuildProgress
-from ..build import build as do_build
-from ..config import Config
-from ..errors import EXIT_MISMATCH
-from ..wiring import WiringReport
-from .common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json, progress_bar, shorten
-from .render import print_wiring
+from dcaforge.builder.build import BuildHooks, cmake_plan, dry_run
+from dcaforge.builder.build import Progress as BuildProgress
+from dcaforge.builder.build import build as do_build
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json, progress_bar, shorten
+from dcaforge.commands.render import print_wiring
+from dcaforge.config import Config
+from dcaforge.errors import EXIT_MISMATCH
+from dcaforge.feature.wiring import WiringReport
 
 
 def build(

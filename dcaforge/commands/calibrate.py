@@ -1,5 +1,5 @@
 """``dcaforge calibrate MODEL.gguf``: DCA's sizes measured on the model, written into a copy of its GGUF (see
-:mod:`dcaforge.calibrate`), with a progress bar on a terminal, a report, or JSON."""
+:mod:`dcaforge.gate.calibrate`), with a progress bar on a terminal, a report, or JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..calibrate import (
+from dcaforge.commands.common import ConfigOpt, call, err, load, out
+from dcaforge.errors import CalibrateError
+from dcaforge.gate.calibrate import (
     DEFAULT_DEV_TRIALS,
     DEFAULT_HELDOUT_TRIALS,
     DEFAULT_MAX_TOKENS,
@@ -28,9 +30,7 @@ from ..calibrate import (
     room_dev_text,
     room_server,
 )
-from ..calibrate import calibrate as do_calibrate
-from ..errors import CalibrateError
-from .common import ConfigOpt, call, err, load, out
+from dcaforge.gate.calibrate import calibrate as do_calibrate
 
 
 def _chunks(value: str) -> tuple[int, ...]:

@@ -25,9 +25,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from ..config import Config, load_config
-from ..errors import EXIT_INTERRUPTED, DcaforgeError, InterruptedRun
-from ..jsonable import report
+from dcaforge.config import Config, load_config
+from dcaforge.errors import EXIT_INTERRUPTED, DcaforgeError, InterruptedRun
+from dcaforge.jsonable import report
 
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)

@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..gate import GateHooks, points_table, run_gates
-from .common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.gate.gate import GateHooks, points_table, run_gates
 
 
 def gate(

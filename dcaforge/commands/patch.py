@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from ..capture import capture as do_capture
-from ..templatize import templatize as do_templatize
-from ..verify import verify as do_verify
-from .common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json
+from dcaforge.feature.templatize import templatize as do_templatize
+from dcaforge.patch.capture import capture as do_capture
+from dcaforge.patch.verify import verify as do_verify
 
 
 def capture(

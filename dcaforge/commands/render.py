@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..drift import Misfit, canary
-from ..drift import check as do_check
-from ..errors import EXIT_MISMATCH
-from ..render import EditReport
-from ..render import render as do_render
-from ..wiring import WiringReport
-from .common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.errors import EXIT_MISMATCH
+from dcaforge.feature.drift import Misfit, canary
+from dcaforge.feature.drift import check as do_check
+from dcaforge.feature.render import EditReport
+from dcaforge.feature.render import render as do_render
+from dcaforge.feature.wiring import WiringReport
 
 
 def render(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..status import status as do_status
-from .common import ConfigOpt, JsonOpt, call, load, out, pasteable, print_json
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, load, out, pasteable, print_json
+from dcaforge.patch.status import status as do_status
 
 
 def status(

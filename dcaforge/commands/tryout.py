@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..tryout import try_model
-from .common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, print_json
+from dcaforge.gate.tryout import try_model
 
 
 def try_(

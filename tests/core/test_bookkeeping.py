@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from dcaforge import REPO_ROOT
-from dcaforge.capture import capture
 from dcaforge.config import BookkeepingDoc, parse_config
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
-from dcaforge.series import apply
-from dcaforge.status import status
-from dcaforge.verify import verify
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.status import status
+from dcaforge.patch.verify import verify
 
 from .helpers import snapshot
 from .test_config import GOOD, _write
@@ -144,7 +144,7 @@ def test_bookkeeping_inside_the_source_checkout_is_refused(bk_project) -> None:
 
 
 def test_entry_goes_into_a_table_or_an_empty_section(tmp_path: Path) -> None:
-    from dcaforge.bookkeeping import _split, _upsert_entry
+    from dcaforge.feature.bookkeeping import _split, _upsert_entry
 
     def run(text: str, entry: str) -> str:
         doc = BookkeepingDoc(file=tmp_path / "S.md", section="Markers", template="", where="x")

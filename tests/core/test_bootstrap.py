@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dcaforge.cli import app
 from dcaforge.config import parse_config
 from dcaforge.errors import CommandError, ConfigError, DcaforgeError
-from dcaforge.series import apply
+from dcaforge.patch.series import apply
 
 from .helpers import git_init, make_patch_gnu, snapshot, source_files, ugit
 from .test_config import GOOD, _write

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dcaforge import build as bmod
-from dcaforge.build import Progress, first_error, parse_progress
+from dcaforge.builder import build as bmod
+from dcaforge.builder.build import Progress, first_error, parse_progress
 from dcaforge.cli import app
 from dcaforge.config import parse_config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError
-from dcaforge.series import apply
+from dcaforge.patch.series import apply
 
 from .helpers import git_init, sigint_default
 

@@ -3,7 +3,7 @@ short, a model DCA cannot serve, no build, an output that exists or is the input
 with a message that says what, where and what next, exit 1, no traceback and the input's bytes unchanged; the copy of
 the GGUF (the two dual_chunk keys set, every other key and every tensor byte as it was, a quantized tensor and a custom
 alignment included); the plan (candidates and lengths); the selection rule the bench and calibrate share
-(dcaforge.longctx.choose) on synthetic records, through bench/longctx/run.py too; and the report's figure and JSON.
+(dcaforge.gate.longctx.choose) on synthetic records, through bench/longctx/run.py too; and the report's figure and JSON.
 
 The sweep itself (llama-server answering trials) is tests/e2e/test_e2e_calibrate.py."""
 
@@ -22,11 +22,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dcaforge import calibrate as cal
-from dcaforge import longctx
 from dcaforge.cli import app
 from dcaforge.errors import CalibrateError
-from dcaforge.gatetools import tiny
+from dcaforge.gate import calibrate as cal
+from dcaforge.gate import longctx
+from dcaforge.gate.gatetools import tiny
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
@@ -313,7 +313,7 @@ def test_choose_most_answers_then_perplexity_then_larger_chunk() -> None:
 
 
 def test_bench_choose_is_the_library_rule(tmp_path: Path) -> None:
-    """bench/longctx/run.py choose reads the runner's JSON lines and picks with dcaforge.longctx.choose (slack 2)."""
+    """bench/longctx/run.py choose reads the runner's JSON lines and picks with dcaforge.gate.longctx.choose (slack 2)."""
     ms = ["dca:2048:256", "dca:4096:512", "dca:8192:1024"]
     oks = {ms[0]: [1] * 17 + [0] * 3, ms[1]: [1] * 18 + [0] * 2, ms[2]: [1] * 10 + [0] * 10}
     with open(tmp_path / "passkey.jsonl", "w") as fh:
@@ -345,7 +345,7 @@ def test_bench_runner_imports_only_the_standard_library_and_pyyaml() -> None:
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the pinned held-out text is Python 3.11's documentation")
 def test_heldout_text_is_the_pinned_one() -> None:
-    """The held-out text's builder moved into dcaforge.longctx: byte-identical to the text sets.yaml pins."""
+    """The held-out text's builder moved into dcaforge.gate.longctx: byte-identical to the text sets.yaml pins."""
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())
     assert longctx.sha256_text(longctx.heldout_text()) == sets["sets"]["heldout"]["text"]["sha256"]
 
@@ -366,7 +366,7 @@ def test_dev_text_of_a_tree(tmp_path: Path) -> None:
 
 def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from dcaforge.commands.calibrate import print_report
-    from dcaforge.plot import plot_calibration
+    from dcaforge.gate.plot import plot_calibration
 
     info = cal.inspect_gguf(MODEL)
     pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2)

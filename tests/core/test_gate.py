@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dcaforge.cli import app
 from dcaforge.config import GateConfig, parse_config
 from dcaforge.errors import GateError
-from dcaforge.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, points_table, run_gates
+from dcaforge.gate.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, points_table, run_gates
 
 PPL_OUT = """\
 perplexity: tokenizing the input ..
@@ -45,7 +45,7 @@ def test_parse_perplexity_and_passkey() -> None:
 
 
 def test_gguf_metadata_of_a_tiny_model(tmp_path: Path) -> None:
-    from dcaforge.gatetools import tiny
+    from dcaforge.gate.gatetools import tiny
 
     path = tiny.ensure(str(tmp_path), "qwen2")
     meta = gguf_metadata(Path(path))
@@ -66,7 +66,7 @@ RUL = [{"task": "vt", "ctx": 256, "tokens": None, "plain": None, "yarn": None, "
 
 def test_plot_writes_a_small_png_with_every_panel(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from dcaforge.plot import collect
+    from dcaforge.gate.plot import collect
 
     res = [GateResult("ext", "extension", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, EXT),
            GateResult("rul", "ruler", True, "ok", {"trained": 256, "model": "m.gguf", "methods": ["plain", "yarn", "dca"]}, RUL),
@@ -134,7 +134,7 @@ def test_gate_errors_name_what_is_missing(tmp_path: Path) -> None:
 
 def test_gate_json_shape(tmp_path: Path) -> None:
     """The JSON the CLI writes: passed, gates (name, kind, passed, summary, metrics, points, seconds, failures), plot."""
-    from dcaforge.gate import GateReport
+    from dcaforge.gate.gate import GateReport
 
     rep = GateReport([GateResult("a", "off-identity", False, "logits differ", {"fa_on": {"identical": False}})],
                      tmp_path, tmp_path / "results.json", None)
@@ -145,7 +145,7 @@ def test_gate_json_shape(tmp_path: Path) -> None:
 
 
 def test_method_flags() -> None:
-    from dcaforge.gate import method_flags
+    from dcaforge.gate.gate import method_flags
 
     assert method_flags("plain", 4096, 1024, 768, 128) == []
     assert method_flags("yarn", 4096, 1024, 768, 128) == ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "1024"]
@@ -158,7 +158,7 @@ def test_method_flags() -> None:
 def test_ruler_server_args() -> None:
     """One list for measure_ruler and ruler_run.py replay: past the trained length the context length is overridden,
     inside it not; -t only when threads are given; extra args before the method's flags."""
-    from dcaforge.gate import ruler_server_args
+    from dcaforge.gate.gate import ruler_server_args
 
     assert ruler_server_args(Path("m.gguf"), "dca", 4096, 1024, "llama", 512, 128, ["--dca-yarn-factor", "4"], ["-fa", "on"],
                              threads=8) == [
@@ -176,7 +176,7 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, m
     """A chunk/local grid: methods named dca-<setting> beside plain / YaRN / DCA, each its own label and colour, and a
     capped perplexity axis that writes the values above the cap."""
     pytest.importorskip("matplotlib")
-    from dcaforge.plot import STYLE, collect, labels, style
+    from dcaforge.gate.plot import STYLE, collect, labels, style
 
     pts = [{"ctx": 256, "ppl_plain": 10.0, "ppl_dca-S4w1": 10.2, "passkey_dca-S4w1": 0.5, "passkey_dca-S2w0.5": 0.0},
            {"ctx": 1024, "ppl_plain": 400.0, "ppl_dca-S4w1": 11.0, "ppl_dca-S2w0.5": 12.0, "passkey_dca-S4w1": 1.0}]
@@ -207,7 +207,7 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, m
 def test_a_perplexity_run_whose_output_was_lost_is_run_again() -> None:
     """llama.cpp's logger may lose a run's tail, even from before "perplexity: calculating" (CI, 2026-12-02): an exit 0
     without a figure is run again; a failed run or a text too short for the context is not."""
-    from dcaforge.gate import ppl_output_lost
+    from dcaforge.gate.gate import ppl_output_lost
 
     head = "llama_model_loader: loaded meta data\nsystem_info: n_threads = 2\n"
     assert ppl_output_lost(head, None, 0)
@@ -225,7 +225,7 @@ def test_perplexity_from_a_logits_file_and_its_malformed_forms(tmp_path: Path) -
 
     import numpy as np
 
-    from dcaforge.gate import perplexity_from_logits
+    from dcaforge.gate.gate import perplexity_from_logits
 
     n_ctx, n_vocab = 6, 3                   # scored: positions 3 and 4 (the second half of the window, less the last)
     tokens = [0, 1, 2, 0, 2, 1]             # targets: tokens[4] = 2, tokens[5] = 1
@@ -270,7 +270,7 @@ def _records(scores: dict[tuple[str, int, str], list[float | None]]) -> list[dic
 
 
 def test_ruler_thresholds_fail_per_cell_and_name_it() -> None:
-    from dcaforge.gate import ruler_result
+    from dcaforge.gate.gate import ruler_result
 
     recs = _records({("niah_multikey", 256, "plain"): [1.0, 1.0], ("niah_multikey", 256, "yarn"): [1.0, 1.0],
                      ("niah_multikey", 256, "dca"): [1.0, 1.0],
@@ -299,7 +299,7 @@ def test_ruler_thresholds_fail_per_cell_and_name_it() -> None:
 
 
 def test_ruler_vt_is_not_measurable_when_plain_scores_0_inside_l() -> None:
-    from dcaforge.gate import VT_NOT_MEASURABLE, ruler_result
+    from dcaforge.gate.gate import VT_NOT_MEASURABLE, ruler_result
 
     past = {("vt", 1024, "yarn"): [0.0, 0.0], ("vt", 1024, "dca"): [0.0, 0.0],
             ("niah_multikey", 1024, "yarn"): [0.0, 0.5], ("niah_multikey", 1024, "dca"): [1.0, 1.0]}
@@ -324,7 +324,7 @@ def test_ruler_vt_is_not_measurable_when_plain_scores_0_inside_l() -> None:
 
 
 def test_ruler_runs_vt_inside_l_first_and_skips_it_past_l_at_0() -> None:
-    from dcaforge.gate import ruler_job_tasks, ruler_jobs, vt_inside_score
+    from dcaforge.gate.gate import ruler_job_tasks, ruler_jobs, vt_inside_score
 
     tasks = ["vt", "niah_multikey"]
     # no context inside L with plain: a plain server at L runs vt alone, first

@@ -1,4 +1,4 @@
-"""dcaforge.longctx: the long-context protocol's trials, prompts and scores (bench/longctx), on a word-level tokenizer."""
+"""dcaforge.gate.longctx: the long-context protocol's trials, prompts and scores (bench/longctx), on a word-level tokenizer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dcaforge import longctx
+from dcaforge.gate import longctx
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,16 +20,16 @@ import pytest
 from typer.testing import CliRunner
 
 from dcaforge import REPO_ROOT
-from dcaforge.capture import CaptureResult
 from dcaforge.cli import app
 from dcaforge.config import BUILTIN_CONFIG, load_config, parse_config
-from dcaforge.drift import Canary
 from dcaforge.errors import ConfigError, InterruptedRun
-from dcaforge.render import RenderResult
-from dcaforge.series import ApplyHooks, ApplyResult, apply, discover
-from dcaforge.status import StatusResult, status
-from dcaforge.templatize import TemplatizeResult
-from dcaforge.verify import VerifyResult
+from dcaforge.feature.drift import Canary
+from dcaforge.feature.render import RenderResult
+from dcaforge.feature.templatize import TemplatizeResult
+from dcaforge.patch.capture import CaptureResult
+from dcaforge.patch.series import ApplyHooks, ApplyResult, apply, discover
+from dcaforge.patch.status import StatusResult, status
+from dcaforge.patch.verify import VerifyResult
 
 from .conftest import Project
 from .helpers import git_init, make_patch_git, replace_line

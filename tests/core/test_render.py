@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcaforge.drift import check
 from dcaforge.errors import ConfigError, MismatchError
-from dcaforge.render import anchor_literal, closest_lines, render
-from dcaforge.series import apply
+from dcaforge.feature.drift import check
+from dcaforge.feature.render import anchor_literal, closest_lines, render
+from dcaforge.patch.series import apply
 
 from .conftest import write_feature
 
@@ -225,7 +225,7 @@ def test_removed_render_outputs_are_restored(project) -> None:
 
 
 def test_interrupted_render_is_not_mistaken_for_hand_edits(project, monkeypatch) -> None:
-    import dcaforge.render as rmod
+    import dcaforge.feature.render as rmod
 
     cfg = project.config
     apply(cfg)
@@ -324,9 +324,9 @@ static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"
         other = project.tmp / f"ops-{count}"
         (other / "src").mkdir(parents=True)
         (other / "src/llama.cpp").write_text(f"int x;\nstatic_assert(OP_COUNT == {count});\n")
-        from dcaforge.manifest import load_manifest
-        from dcaforge.render import plan
-        from dcaforge.trees import DirTree
+        from dcaforge.feature.manifest import load_manifest
+        from dcaforge.feature.render import plan
+        from dcaforge.room.trees import DirTree
 
         out = plan(cfg, DirTree(other), load_manifest(cfg.feature.templates)).outputs["src/llama.cpp"][0].decode()
         assert out == "int x;\n" + want, (count, out)

@@ -12,7 +12,7 @@ import pytest
 from dcaforge import ruler
 from dcaforge.config import parse_config
 from dcaforge.errors import ConfigError, GateError
-from dcaforge.server import LlamaServer
+from dcaforge.gate.server import LlamaServer
 
 
 def byte_tokens(text: str) -> int:

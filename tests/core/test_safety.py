@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from dcaforge.capture import capture
-from dcaforge.cleanroom import Room, locked
-from dcaforge.drift import check
 from dcaforge.errors import LockedError, MismatchError, SafetyError
-from dcaforge.render import render
-from dcaforge.series import apply
-from dcaforge.status import status
-from dcaforge.verify import verify
+from dcaforge.feature.drift import check
+from dcaforge.feature.render import render
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.status import status
+from dcaforge.patch.verify import verify
+from dcaforge.room.cleanroom import Room, locked
 
 from .helpers import make_patch_git, replace_line, snapshot
 
@@ -84,7 +84,7 @@ def test_only_marked_folders_are_reset(project) -> None:
 
 HOLDER = """
 import sys, time
-from dcaforge.cleanroom import Room, locked
+from dcaforge.room.cleanroom import Room, locked
 from pathlib import Path
 room = Room(Path(sys.argv[1]), Path(sys.argv[2]))
 with locked(room):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.cleanroom import Room
 from dcaforge.errors import DcaforgeError, MismatchError
+from dcaforge.patch.series import ApplyHooks, applied_names, apply
 from dcaforge.patchfile import parse_hunks
-from dcaforge.series import ApplyHooks, applied_names, apply
+from dcaforge.room.cleanroom import Room
 
 from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, sigint_default
 
@@ -164,7 +164,7 @@ def test_interrupt_mid_series_leaves_a_resumable_room(project) -> None:
 
 SLOW_CLI = """
 import sys, time
-import dcaforge.series as s
+import dcaforge.patch.series as s
 orig = s.apply_one
 def slow(room, patch):
     print(f"APPLYING {patch.name}", file=sys.stderr, flush=True)

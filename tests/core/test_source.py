@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 from dcaforge.config import PypiSource
-from dcaforge.source import _key, prepare_pypi, sdist_dir
+from dcaforge.room.source import _key, prepare_pypi, sdist_dir
 
 
 def _sdist(path: Path) -> None:
@@ -62,7 +62,7 @@ def test_import_is_one_deterministic_commit(tmp_path: Path, monkeypatch, isolate
 
 
 def test_pypi_source_apply_and_fresh_reuses_the_room(tmp_path: Path, monkeypatch, project) -> None:
-    from dcaforge.series import apply
+    from dcaforge.patch.series import apply
 
     cache = tmp_path / "cache-c"
     _prepare(cache, monkeypatch)
@@ -110,7 +110,7 @@ def test_the_sdist_download_reports_its_progress(tmp_path: Path, monkeypatch) ->
     import threading
     import time
 
-    from dcaforge.source import download_sdist, pip_download_size
+    from dcaforge.room.source import download_sdist, pip_download_size
 
     root = tmp_path / "index"
     (root / "simple" / "pkgdl").mkdir(parents=True)

@@ -187,3 +187,100 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert shape.private == ["dcaforge/a.py:1 takes _hidden from dcaforge.b", "dcaforge/d.py:2 takes _hidden from dcaforge.b"]
     assert shape.printing == ["dcaforge/c.py:2 imports rich", "dcaforge/d.py:3 print(...)"]
     assert shape.edges["dcaforge.commands.show"] == {"dcaforge.a"}
+
+
+# --- the walls between the wings (docs/development.md, "The wings") -----------------------------------------------
+#: The command line: the only layer that may import every wing (and nothing imports it).
+CLI_LAYER = ("cli", "commands")
+
+
+def wing_fronts(root: Path) -> dict[str, set[str]]:
+    """Each wing (a sub-package whose __init__ names a FRONT) with the modules code outside it may import."""
+    out: dict[str, set[str]] = {}
+    for init in sorted(root.glob("*/__init__.py")):
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["FRONT"]:
+                out[init.parent.name] = set(ast.literal_eval(node.value))
+    return out
+
+
+def part_of(module: str, wings: dict[str, set[str]]) -> str:
+    """``room``/``feature``/... for a wing's module, ``cli`` for the command line, ``core`` for the flat shared modules."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in wings:
+        return parts[1]
+    return "cli" if len(parts) > 1 and parts[1] in CLI_LAYER else "core"
+
+
+def wall_breaches(root: Path) -> list[str]:
+    """Imports that cross a wall: into a wing's inside (not its FRONT), from the core into a wing or the command
+    line, or from a wing into the command line."""
+    wings = wing_fronts(root)
+    out = []
+    for src, targets in sorted(read_shape(root).edges.items()):
+        here = part_of(src, wings)
+        for dst in sorted(targets):
+            there = part_of(dst, wings)
+            if here == there or there == "core":
+                continue
+            if there == "cli" or here == "core":
+                out.append(f"{src} -> {dst} ({here} may not import {there})")
+            elif dst.split(".")[2:3] and dst.split(".")[2] not in wings[there]:
+                out.append(f"{src} -> {dst} (inside the {there} wing; its front: {', '.join(sorted(wings[there]))})")
+    return out
+
+
+def wing_edges(root: Path) -> dict[str, set[str]]:
+    """The import graph folded to the wings (and the core and the command line)."""
+    wings = wing_fronts(root)
+    out: dict[str, set[str]] = {}
+    for src, targets in read_shape(root).edges.items():
+        here = part_of(src, wings)
+        out.setdefault(here, set()).update(part_of(t, wings) for t in targets)
+        out[here].discard(here)
+    return out
+
+
+def test_the_wings_are_there() -> None:
+    assert set(wing_fronts(PACKAGE)) == {"room", "feature", "patch", "builder", "gate"}
+    for wing, front in wing_fronts(PACKAGE).items():
+        missing = {m for m in front if not (PACKAGE / wing / f"{m}.py").is_file()}
+        assert not missing, f"{wing}'s FRONT names modules it does not have: {sorted(missing)}"
+
+
+def test_no_import_through_a_wall() -> None:
+    found = wall_breaches(PACKAGE)
+    assert found == [], ("imports through a wall (import the wing's front, add the module to its FRONT, or move the "
+                         "code):\n" + "\n".join(found))
+
+
+def test_no_circle_between_wings() -> None:
+    edges = wing_edges(PACKAGE)
+    assert {"room", "feature", "patch", "builder", "gate", "core", "cli"} <= set(edges)
+    found = circles(edges)
+    assert found == [], "wings that import each other (in a loop):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_walls_find_what_they_look_for(tmp_path: Path) -> None:
+    """A small package with each breach: an import of a wing's inside, the core importing a wing, a wing
+    importing the command line, and two wings in a loop (through their fronts)."""
+    pkg = tmp_path / "dcaforge"
+    files = {
+        "__init__.py": "",
+        "errors.py": "from dcaforge.room import front\n",
+        "cli.py": "from dcaforge.room import front\n",
+        "room/__init__.py": "FRONT = ('front',)\n",
+        "room/front.py": "from dcaforge.room import inside\nfrom dcaforge.patch import series\n",
+        "room/inside.py": "from dcaforge import errors\n",
+        "patch/__init__.py": "FRONT = ('series',)\n",
+        "patch/series.py": "from dcaforge.room.front import x\nfrom dcaforge.room import inside\nfrom .. import cli\n",
+    }
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert wall_breaches(pkg) == [
+        "dcaforge.errors -> dcaforge.room.front (core may not import room)",
+        "dcaforge.patch.series -> dcaforge.cli (patch may not import cli)",
+        "dcaforge.patch.series -> dcaforge.room.inside (inside the room wing; its front: front)",
+    ]
+    assert circles(wing_edges(pkg)) == [["cli", "core", "patch", "room"]]  # room -> patch -> cli -> room, core -> room

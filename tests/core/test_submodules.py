@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.capture import capture
 from dcaforge.errors import CommandError, ConfigError
-from dcaforge.series import apply
-from dcaforge.verify import verify
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.verify import verify
 
 from .helpers import git_init, make_patch_gnu, snapshot, source_files, ugit
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.capture import capture
 from dcaforge.errors import DcaforgeError
-from dcaforge.manifest import load_manifest
-from dcaforge.series import apply
-from dcaforge.templatize import file_edits, templatize
-from dcaforge.verify import verify
+from dcaforge.feature.manifest import load_manifest
+from dcaforge.feature.templatize import file_edits, templatize
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.verify import verify
 
 MARKER = "// opencoti F5 dca"
 
@@ -84,7 +84,7 @@ def test_templatize_refuses_deleted_files(project) -> None:
 
 def test_render_after_templatize_is_not_blocked_by_the_templated_edits(project) -> None:
     """The hand-edit guard must not fire for edits that templatize has turned into templates."""
-    from dcaforge.render import render
+    from dcaforge.feature.render import render
 
     cfg = project.config
     apply(cfg)
@@ -123,7 +123,7 @@ def _hand_write(cfg) -> str:
     assert text.startswith("{{ marker }}{% raw %}\n")
     new.write_text(text.replace("{{ marker }}", "{{ marker }}{% if not tree.has('src/models/gemma4.cpp') %}\n"
                                 "int old_tree = 1;{% endif %}", 1))
-    from dcaforge.templatize import HEADER, _Dumper
+    from dcaforge.feature.templatize import HEADER, _Dumper
     (folder / "manifest.yaml").write_text(HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000))
     return (folder / "manifest.yaml").read_text()
 
@@ -167,7 +167,7 @@ def test_templatize_keeps_what_was_written_by_hand(project) -> None:
     for rel, text in expected.items():
         assert (cfg.room / rel).read_text() == text
     verify(cfg, patch, fresh_render=True)
-    from dcaforge.drift import check
+    from dcaforge.feature.drift import check
     other = project.tmp / "old-tree"
     (other / "src").mkdir(parents=True)
     (other / "src/llama.cpp").write_text((project.source / "src/llama.cpp").read_text())
@@ -291,7 +291,7 @@ def test_templatize_keeps_body_files_of_alternatives_and_edits_for_other_trees(p
     (folder / "edits/src/llama.cpp/dca-block.older-trees.inc.j2").write_text("int older = 1; {{ marker }}\n\n")
     (folder / "edits/src/llama.cpp/old-trees-only.inc.j2").write_text(
         "{% if vars.chunk > 0 %}\nint old_only = {{ vars.chunk }};\n{% endif %}\n")
-    from dcaforge.templatize import HEADER, _Dumper
+    from dcaforge.feature.templatize import HEADER, _Dumper
     (folder / "manifest.yaml").write_text(HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000))
     manifest = (folder / "manifest.yaml").read_text()
     bodies = _body_files(folder)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dcaforge.errors import ConfigError
-from dcaforge.manifest import load_manifest, manifest_digest
-from dcaforge.render import plan
-from dcaforge.trees import DirTree
+from dcaforge.feature.manifest import load_manifest, manifest_digest
+from dcaforge.feature.render import plan
+from dcaforge.room.trees import DirTree
 
 from .conftest import write_feature
 from .helpers import build_tree, source_files
@@ -199,9 +199,9 @@ def test_an_include_may_not_leave_the_folder_through_a_link(project) -> None:
 
 
 def test_status_sees_a_changed_body_file_as_changed_templates(project) -> None:
-    from dcaforge.render import render
-    from dcaforge.series import apply
-    from dcaforge.status import status
+    from dcaforge.feature.render import render
+    from dcaforge.patch.series import apply
+    from dcaforge.patch.status import status
 
     cfg = project.config
     apply(cfg, render=False)

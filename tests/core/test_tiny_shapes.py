@@ -1,4 +1,4 @@
-"""dcaforge/gatetools/tiny.py's named shapes (issue 15's Qwen-architecture speed: a random-weight model of
+"""dcaforge/gate/gatetools/tiny.py's named shapes (issue 15's Qwen-architecture speed: a random-weight model of
 Qwen2.5-0.5B's shape, bench/gpu/run.sh speed_qwen05), read back with gguf-py's reader; and the tiny models of the
 gates and e2e tests unchanged by the shapes' addition (their tensors, digested)."""
 
@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from dcaforge.gatetools import tiny
+from dcaforge.gate.gatetools import tiny
 
 
 def field(r: gguf.GGUFReader, key: str):

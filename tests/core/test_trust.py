@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dcaforge.config import parse_config
-from dcaforge.series import apply
+from dcaforge.patch.series import apply
 from dcaforge.trust import TrustError, settings_path, trust_of
 
 

@@ -1,5 +1,5 @@
-"""The wiring check (dcaforge.wiring), the shipped templates' build wiring on each build-file form,
-and the misfit classification of dcaforge.drift, on small real trees (folders) in tmp_path."""
+"""The wiring check (dcaforge.feature.wiring), the shipped templates' build wiring on each build-file form,
+and the misfit classification of dcaforge.feature.drift, on small real trees (folders) in tmp_path."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import textwrap
 from pathlib import Path
 
 from dcaforge.config import Config, parse_config
-from dcaforge.drift import canary
-from dcaforge.manifest import load_manifest
-from dcaforge.render import plan
-from dcaforge.trees import DirTree
-from dcaforge.wiring import check_wiring
+from dcaforge.feature.drift import canary
+from dcaforge.feature.manifest import load_manifest
+from dcaforge.feature.render import plan
+from dcaforge.feature.wiring import check_wiring
+from dcaforge.room.trees import DirTree
 
 REPO = Path(__file__).resolve().parents[2]
 NEW = {"llama.cpp/src/llama-dca.cpp": (b"int dca;\n", 0o644),
@@ -238,7 +238,7 @@ def test_the_script_dry_run_records_a_sourced_scripts_calls(tmp_path: Path) -> N
     """The 0.10.x-shaped script run for real with recording stand-ins: nvcc found at $CUDA_PATH/bin, one
     nvcc call per source by absolute path (made tree-relative), gcc/g++ for ggml's core, the build in
     $HOME/.cache of the scratch folder (never the user's HOME)."""
-    from dcaforge.dryrun import script_dry_run
+    from dcaforge.builder.dryrun import script_dry_run
 
     tree = _sourced(tmp_path)
     (tree.root / "llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu").write_text("")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.capture import capture
-from dcaforge.cleanroom import BASELINE_TAG
 from dcaforge.errors import MismatchError, SafetyError
-from dcaforge.render import render
-from dcaforge.series import apply
-from dcaforge.status import status
-from dcaforge.verify import verify
+from dcaforge.feature.render import render
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.status import status
+from dcaforge.patch.verify import verify
+from dcaforge.room.cleanroom import BASELINE_TAG
 
 from .helpers import make_patch_git, replace_line, sh
 

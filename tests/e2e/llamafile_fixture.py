@@ -238,7 +238,7 @@ def main(argv: list[str]) -> int:
     from llama-cpp-python 0.3.36), then ``dcaforge apply``: a rendered llamafile clean room, e.g.
     for ``bench/gpu/llamafile_cuda_lib.py pack``."""
     from dcaforge.config import PypiSource
-    from dcaforge.source import prepare_pypi
+    from dcaforge.room.source import prepare_pypi
 
     out = Path(argv[1] if len(argv) > 1 else "cleanroom/llamafile-fixture").resolve()
     out.mkdir(parents=True, exist_ok=False)

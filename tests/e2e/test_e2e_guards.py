@@ -1,4 +1,4 @@
-"""Guards of `--dca on` that speak (issue 14), on the patched build through dcaforge/gatetools/dca_logits.cpp
+"""Guards of `--dca on` that speak (issue 14), on the patched build through dcaforge/gate/gatetools/dca_logits.cpp
 (a real llama_context per run) and tiny GGUFs written here with gguf-py:
 
 - attention DCA cannot apply is refused at context creation naming the architecture and what it uses:
@@ -30,7 +30,7 @@ from e2e_helpers import REPO
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dcaforge.gatetools import build_logits, tiny  # noqa: E402
+from dcaforge.gate.gatetools import build_logits, tiny  # noqa: E402
 from tests.models import reference, unsupported  # noqa: E402
 
 N_VOCAB = tiny.N_VOCAB

@@ -5,7 +5,7 @@
   (the `--rpc` option is 0078-dca's) runs every LSE case on the RPC device against the local CPU; the
   op's packed O|LSE result and its views come back equal.
 - The committed trained model (tests/models/longctx-qwen2.gguf, 4 layers, L = 256) at 600 tokens with
-  DCA (S = 192, w = 32, three regimes in use), through dcaforge/gatetools/dca_logits.cpp: all layers on the
+  DCA (S = 192, w = 32, three regimes in use), through dcaforge/gate/gatetools/dca_logits.cpp: all layers on the
   local CPU vs `--rpc` with `-ngl 3` (layers 2-3, their KV cache and the output layer on the RPC
   device: a partial offload, DCA's inputs crossing devices) and with `-ngl 99` (all layers): the
   logits are equal within RPC_TOL (measured: bit-identical), flash attention on (the LSE op) and
@@ -27,7 +27,7 @@ from e2e_helpers import REPO, WORKSPACE, Process, free_port, run
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dcaforge.gatetools import build_logits  # noqa: E402
+from dcaforge.gate.gatetools import build_logits  # noqa: E402
 
 MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
 N_VOCAB = 258

@@ -17,7 +17,7 @@ import pytest
 from e2e_helpers import REPO, GateRun, dcaforge
 
 from dcaforge import ruler
-from dcaforge.server import LlamaServer
+from dcaforge.gate.server import LlamaServer
 
 MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
 TASKS = ["passkey", "vt", "niah_multikey", "niah_multivalue"]

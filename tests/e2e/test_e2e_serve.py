@@ -4,7 +4,7 @@ trained at L = 256, so DCA's automatic sizes are S = L/2 = 128, w = L/8 = 32, c 
 
 - Several slots (`--parallel 4 --dca on`, per-slot and unified KV): four prompts of 300..900 tokens
   (all past L, so every DCA regime is used) sent at once from four client threads; every greedy
-  answer equals the same sequence evaluated alone by dca_logits (dcaforge/gatetools/dca_logits.cpp, one
+  answer equals the same sequence evaluated alone by dca_logits (dcaforge/gate/gatetools/dca_logits.cpp, one
   sequence, one llama_decode per 512 tokens): the same tokens, and at every generated token the full
   probability distribution (`n_probs` = the whole vocabulary) within test-dca's tolerance (L2-relative
   1e-2 with the f16 cache and flash attention, measured <= 1.3e-3; 1e-3 with an f32 cache and flash
@@ -35,7 +35,7 @@ from e2e_helpers import REPO, WORKSPACE, LlamaServer
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dcaforge.gatetools import build_logits  # noqa: E402
+from dcaforge.gate.gatetools import build_logits  # noqa: E402
 
 MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
 TEXT = REPO / "tests" / "models" / "longctx-heldout.txt"

@@ -1,7 +1,7 @@
 """`pip install dcaforge` alone runs the gates: the wheel built from this checkout, installed into a
 fresh virtual environment (its dependencies from PyPI, no repository on sys.path), runs `dcaforge
 gate` from a folder outside the repository on the e2e clean room's build: a tiny recipe model
-(dcaforge.gatetools.tiny), the logits dumper compiled from the wheel's own dca_logits.cpp, and the
+(dcaforge.gate.gatetools.tiny), the logits dumper compiled from the wheel's own dca_logits.cpp, and the
 ruler gate through the room's llama-server."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_installed_wheel_runs_the_gates_outside_the_repo(cleanroom: Path, tmp_pa
     ]
     cfg = outside / "dcaforge.yaml"
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
-    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import dcaforge, dcaforge.gatetools.build_logits as b; "
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import dcaforge, dcaforge.gate.gatetools.build_logits as b; "
                             "print(dcaforge.__file__); print(b.SRC)"], cwd=outside, env=env, capture_output=True, text=True, check=False)
     assert probe.returncode == 0, probe.stderr
     installed, src = probe.stdout.split()

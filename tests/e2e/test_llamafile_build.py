@@ -37,7 +37,7 @@ import yaml
 from llamafile_fixture import Checkout, make_checkout
 
 from dcaforge.config import PypiSource, parse_config
-from dcaforge.source import cache_root, prepare_pypi
+from dcaforge.room.source import cache_root, prepare_pypi
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -152,8 +152,8 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     assert "  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu: handed to nvcc" in p.stdout
     assert "ok: every file the feature adds is compiled and linked" in p.stdout
 
-    from dcaforge import dryrun
-    from dcaforge.build import dry_run
+    from dcaforge.builder import dryrun
+    from dcaforge.builder.build import dry_run
 
     if shutil.which("nvcc"):
         from test_e2e_cuda_compile import cuda_stubs

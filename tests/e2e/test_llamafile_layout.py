@@ -25,14 +25,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dcaforge.capture import capture
 from dcaforge.cli import app
 from dcaforge.config import Config, PypiSource, parse_config
-from dcaforge.render import render
-from dcaforge.series import apply
-from dcaforge.source import cache_root, prepare_pypi
-from dcaforge.status import status
-from dcaforge.verify import verify
+from dcaforge.feature.render import render
+from dcaforge.patch.capture import capture
+from dcaforge.patch.series import apply
+from dcaforge.patch.status import status
+from dcaforge.patch.verify import verify
+from dcaforge.room.source import cache_root, prepare_pypi
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:

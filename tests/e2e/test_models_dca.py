@@ -1,7 +1,7 @@
 """End-to-end checks of patch 0078-dca (Dual Chunk Attention) on tiny random-weight models.
 
-Issue 3, tests 3 and 4. Every hooked architecture (dcaforge/gatetools/tiny.py) is evaluated with
-dcaforge/gatetools/dca_logits.cpp linked against
+Issue 3, tests 3 and 4. Every hooked architecture (dcaforge/gate/gatetools/tiny.py) is evaluated with
+dcaforge/gate/gatetools/dca_logits.cpp linked against
   DCAFORGE_LLAMA_TREE / DCAFORGE_LLAMA_BUILD  the patched (0078-dca) llama.cpp and its cmake build
   DCAFORGE_BASE_TREE  / DCAFORGE_BASE_BUILD   unpatched upstream 0c1e57098 and its cmake build
 (static libraries: BUILD_SHARED_LIBS=OFF, target `llama` built). When a pair is not set, the e2e
@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dcaforge.gatetools import build_logits, tiny  # noqa: E402
+from dcaforge.gate.gatetools import build_logits, tiny  # noqa: E402
 
 ARCHS = list(tiny.ARCHS)
 SWA_ARCHS = list(tiny.SWA_ARCHS)
@@ -678,7 +678,7 @@ def write_results(path: Path, update: bool = False) -> None:
     else:
         L.append("Trees: the e2e fixtures' own builds (the shipped feature rendered by `dcaforge apply`, built by "
                  "`dcaforge build`; the baseline by `dcaforge build --baseline`).\n")
-    L.append(f"Models: `python -m dcaforge.gatetools.tiny OUTDIR` (trained context 256, 258-token byte vocabulary). "
+    L.append(f"Models: `python -m dcaforge.gate.gatetools.tiny OUTDIR` (trained context 256, 258-token byte vocabulary). "
              f"DCA: S = {S}, w = {W}, c = {C}; tokens: BOS + {N_LONG - 1} pseudo-random bytes "
              f"(seed {SEED}), ubatch {UB}, {THREADS} threads. Errors are max |a-b| / max |b| per position.\n")
     if _RESULTS["a"]:

@@ -1,6 +1,6 @@
 """DCA with a non-causal ubatch in the sequence: a span of input embeddings (an image's, as mtmd feeds
-Gemma-3/4) decoded through the real API (dcaforge/gatetools/dca_embd.cpp: a llama_batch with embd after
-llama_set_causal_attn(ctx, false), then long text) on the tiny models of dcaforge/gatetools/tiny.py.
+Gemma-3/4) decoded through the real API (dcaforge/gate/gatetools/dca_embd.cpp: a llama_batch with embd after
+llama_set_causal_attn(ctx, false), then long text) on the tiny models of dcaforge/gate/gatetools/tiny.py.
 
 Trained context L = 256; DCA S = 192, w = 32 (c = 160). 400 positions; 24 embeddings at positions
 150..173, across the chunk boundary 160, so the span holds keys after the query in the same chunk and
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dcaforge.gatetools import build_logits, tiny  # noqa: E402
+from dcaforge.gate.gatetools import build_logits, tiny  # noqa: E402
 from tests.models import reference  # noqa: E402
 
 ARCHS = list(tiny.ARCHS)

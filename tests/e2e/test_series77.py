@@ -20,7 +20,7 @@ import yaml
 from series77 import make_series
 
 from dcaforge.config import PypiSource
-from dcaforge.source import cache_root, prepare_pypi
+from dcaforge.room.source import cache_root, prepare_pypi
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = PypiSource("llama-cpp-python==0.3.30", "vendor/llama.cpp")

@@ -132,7 +132,7 @@ def test_capture_onto_the_lock_is_refused_and_kept(arena: Arena) -> None:
 
 def test_a_file_put_where_the_lock_was_outlives_the_release(arena: Arena) -> None:
     """The lock is deleted on release only while it is still the file this run made."""
-    from dcaforge.cleanroom import Room, locked
+    from dcaforge.room.cleanroom import Room, locked
 
     room = Room.of(arena.config)
     mine = arena.tmp / "mine.txt"

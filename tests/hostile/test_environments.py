@@ -247,7 +247,7 @@ def test_index_lock_held_by_a_live_git_is_left_alone(arena: Arena) -> None:
 
 def test_a_room_held_by_another_run(arena: Arena) -> None:
     arena.applied()
-    code = (f"import sys; from pathlib import Path; from dcaforge.cleanroom import Room, locked\n"
+    code = (f"import sys; from pathlib import Path; from dcaforge.room.cleanroom import Room, locked\n"
             f"with locked(Room(Path({str(arena.room)!r}), Path({str(arena.workspace)!r}))):\n"
             f"    print('held', flush=True); import time; time.sleep(60)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -327,7 +327,7 @@ def test_linked_worktree_of_the_room_keeps_the_guard(arena: Arena) -> None:
 RACER = r'''
 import os, sys, time
 from pathlib import Path
-from dcaforge.cleanroom import Room, locked
+from dcaforge.room.cleanroom import Room, locked
 from dcaforge.errors import LockedError
 room = Room(Path(sys.argv[1]), Path(sys.argv[2]))
 log = sys.argv[3]

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcaforge.cleanroom import Room
 from dcaforge.confine import path_problem
 from dcaforge.errors import DcaforgeError
 from dcaforge.git import config_problems, status_porcelain
+from dcaforge.patch.series import apply_one, check_series
 from dcaforge.patchfile import load_patch
-from dcaforge.series import apply_one, check_series
+from dcaforge.room.cleanroom import Room
 
 from .conftest import Arena, tree_hashes
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.trees import worktree_tree
+from dcaforge.room.trees import worktree_tree
 from tests.core.helpers import sh, sigint_default
 
 from .conftest import Arena
@@ -30,7 +30,7 @@ from .test_patches import gnu_new, llama_edit
 CHILD = r'''
 import os, sys, time
 import dcaforge.git as g
-import dcaforge.cleanroom as c
+import dcaforge.room.cleanroom as c
 
 point, nth, mark = os.environ["POINT"], int(os.environ["NTH"]), os.environ["MARK"]
 kind, _, when = point.partition(":")

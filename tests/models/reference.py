@@ -32,7 +32,7 @@ import math
 import gguf
 import numpy as np
 
-from dcaforge.gatetools import tiny
+from dcaforge.gate.gatetools import tiny
 
 
 def auto_factor(n_ctx: int, n_seq: int = 1, unified: bool = False, n_ctx_train: int = tiny.N_CTX_TRAIN) -> float:
@@ -292,7 +292,7 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
 
 
 def embd_for(seed: int, n: int, n_embd: int) -> np.ndarray:
-    """The vectors dcaforge/gatetools/dca_embd.cpp generates for --embd-seed/--embd-n: [n, n_embd], uniform in
+    """The vectors dcaforge/gate/gatetools/dca_embd.cpp generates for --embd-seed/--embd-n: [n, n_embd], uniform in
     [-1, 1) from a 64-bit LCG (float32 values, as float64)."""
     mask = (1 << 64) - 1
     a, b = 6364136223846793005, 1442695040888963407

@@ -11,7 +11,7 @@ of HOLDOUT_EVERY are held out: they never enter training; their text is written 
 Python version of the machine that runs it).
 
 Model: qwen2 shape (RMSNorm, NEOX rope theta 1e4, q/k/v biases, SwiGLU, GQA, tied embeddings),
-byte-level vocabulary of dcaforge/gatetools/tiny.py (BOS 256 + the 256 raw bytes, EOS 257). Each
+byte-level vocabulary of dcaforge/gate/gatetools/tiny.py (BOS 256 + the 256 raw bytes, EOS 257). Each
 training sequence is BOS + 255 bytes (what llama-perplexity feeds: it puts BOS first in each chunk).
 
 Usage: python -m tests.models.train_longctx [--out tests/models/longctx-qwen2.gguf]
@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dcaforge.gatetools.tiny import BOS_ID, EOS_ID, N_VOCAB, bytes_to_unicode
+from dcaforge.gate.gatetools.tiny import BOS_ID, EOS_ID, N_VOCAB, bytes_to_unicode
 
 SEED = 20261130
 CTX = 256            # trained context (tokens, BOS included)

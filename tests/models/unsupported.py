@@ -8,7 +8,7 @@ patch 0078-dca (`--dca on` must refuse them, naming the architecture and what it
   t5         relative position biases added to KQ (kq_b: attention.relative_buckets_count)
 
 Each is the smallest model llama.cpp 0c1e57098 loads for that architecture (the tensors its loader
-requires, nothing more), with the byte-level tokenizer of dcaforge/gatetools/tiny.py. Weights are small
+requires, nothing more), with the byte-level tokenizer of dcaforge/gate/gatetools/tiny.py. Weights are small
 seeded normals: these models are loaded, never judged on their output.
 
 CLI: python -m tests.models.unsupported OUTDIR [--arch A ...]
@@ -23,7 +23,7 @@ import sys
 import gguf
 import numpy as np
 
-from dcaforge.gatetools import tiny
+from dcaforge.gate.gatetools import tiny
 
 ARCHS = ("mpt", "gpt-oss", "deepseek2", "t5")
 
