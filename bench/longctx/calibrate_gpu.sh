@@ -26,7 +26,7 @@ step_start() {
         || { echo "no gguf wheel in .whl/"; return 1; }
     [ -x $BIN/llama-server ] || { echo "no $BIN/llama-server: run gpu.sh build_bg first"; return 1; }
     [ -f "$MODEL" ] || { echo "no $MODEL: run gpu.sh pieces first"; return 1; }
-    python3 -c "import sys; from pathlib import Path; from dcaforge.gate.gate import longctx
+    python3 -c "import sys; from pathlib import Path; from dcaforge.gate import longctx
 Path(sys.argv[2]).write_text(longctx.dev_text(Path(sys.argv[1])), encoding='utf-8')" "$SRC" ~/cal/dev.txt || return 1
     rm -f ~/cal/calibrate.done
     setsid nohup bash -c "cd $REPO && python3 -c 'from dcaforge.cli import main; main()' calibrate '$MODEL' \

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dcaforge.gate.gate import longctx  # noqa: E402
+from dcaforge.gate import longctx  # noqa: E402
 
 
 def dev_text(tree: Path) -> str:

@@ -36,11 +36,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dcaforge.gate.gate import (  # noqa: E402
-    longctx,  # noqa: E402
-    parse_perplexity,
-    perplexity_from_logits,
-)
+from dcaforge.gate import longctx  # noqa: E402
+from dcaforge.gate.perplexity import parse_perplexity, perplexity_from_logits  # noqa: E402
 from dcaforge.gate.server import LlamaServer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -36,7 +36,7 @@ from typing import Any
 from dcaforge.config import Config
 from dcaforge.errors import CalibrateError, GateError
 from dcaforge.gate import longctx
-from dcaforge.gate.gate import parse_perplexity
+from dcaforge.gate.perplexity import parse_perplexity
 from dcaforge.gate.server import HttpError, LlamaServer
 from dcaforge.git import run
 from dcaforge.room.cleanroom import Room

@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from dcaforge.cli import app
 from dcaforge.errors import CalibrateError
-from dcaforge.gate.gate import calibrate as cal
-from dcaforge.gate.gate import longctx
+from dcaforge.gate import calibrate as cal
+from dcaforge.gate import longctx
 from dcaforge.gate.gatetools import tiny
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dcaforge.gate.gate import longctx
+from dcaforge.gate import longctx
 
 REPO = Path(__file__).resolve().parents[2]
 

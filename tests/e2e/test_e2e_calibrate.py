@@ -19,7 +19,7 @@ from e2e_helpers import REPO, WORKSPACE, LlamaServer, dcaforge
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dcaforge.gate.gate import calibrate  # noqa: E402
+from dcaforge.gate import calibrate  # noqa: E402
 
 MODEL = REPO / "tests" / "models" / "longctx-qwen2.gguf"
 LOGS = WORKSPACE / "logs" / "calibrate"
