@@ -1,9 +1,8 @@
 """The key/values of a GGUF file's header, as the gates read them (the model's architecture, trained length, vocabulary
-size)."""
+size), through gguf-py's reader (the ``gguf`` package, as ``dcaforge calibrate`` reads and writes GGUFs)."""
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,52 +10,44 @@ from typing import Any
 
 from dcaforge.errors import GateError
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
 
 def gguf_metadata(path: Path, keys: Sequence[str] = ()) -> dict[str, Any]:
     """The scalar and string key/values of a GGUF file's header, or only ``keys``; of an array only its length,
     as ``<key>#count``."""
+    import gguf
+
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head[:4] != b"GGUF":
+        raise GateError(f"{path} is not a GGUF file", where=str(path))
+    (version,) = struct.unpack("<I", head[4:8].ljust(4, b"\0"))
+    if version & 0xFFFF == 0:  # a big-endian file (gguf-py reads both)
+        version = int.from_bytes(head[4:8], "big")
+    if version < 2:
+        raise GateError(f"{path}: GGUF version {version} is too old", where=str(path))
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # gguf-py raises ValueError, IndexError, struct errors... on a short or damaged file
+        raise GateError(f"{path}: its GGUF header does not read", where=str(path),
+                        details=f"{type(exc).__name__}: {exc}"[:500]) from None
     want = set(keys)
     out: dict[str, Any] = {}
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise GateError(f"{path} is not a GGUF file", where=str(path))
-        version, _n_tensors, n_kv = struct.unpack("<IQQ", fh.read(20))
-        if version < 2:
-            raise GateError(f"{path}: GGUF version {version} is too old", where=str(path))
-
-        def rstr() -> str:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            return fh.read(n).decode("utf-8", "replace")
-
-        def rval(t: int) -> Any:
-            if t in _GGUF_SCALARS:
-                fmt = _GGUF_SCALARS[t]
-                return struct.unpack(fmt, fh.read(struct.calcsize(fmt)))[0]
-            if t == 8:
-                return rstr()
-            if t == 9:
-                (et,) = struct.unpack("<I", fh.read(4))
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if et in _GGUF_SCALARS:
-                    fh.seek(struct.calcsize(_GGUF_SCALARS[et]) * n, os.SEEK_CUR)
-                else:
-                    for _ in range(n):
-                        rval(et)
-                return _ArrayLen(n)
-            raise GateError(f"{path}: unknown GGUF value type {t}", where=str(path))
-
-        for _ in range(n_kv):
-            key = rstr()
-            (t,) = struct.unpack("<I", fh.read(4))
-            value = rval(t)
-            if isinstance(value, _ArrayLen):
-                key, value = f"{key}#count", int(value)
-            if not want or key in want:
-                out[key] = value
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF."):  # the reader's own fields (version, tensor and key counts)
+            continue
+        key, value = _key_value(f, gguf.GGUFValueType)
+        if not want or key in want:
+            out[key] = value
     return out
 
 
-class _ArrayLen(int):
-    """An array's length in gguf_metadata: the array itself is skipped, its length kept as "<key>#count"."""
+def _key_value(f: Any, types: Any) -> tuple[str, Any]:
+    """(key, value) of a gguf-py ReaderField: a scalar as a Python value, a string decoded (bad UTF-8 replaced), an
+    array as ``<key>#count`` and its length (a field's parts: key length, key, value type, then for an array the item
+    type, the item count and the items)."""
+    kind = f.types[0]
+    if kind == types.ARRAY:
+        return f"{f.name}#count", int(f.parts[4][0])
+    if kind == types.STRING:
+        return f.name, bytes(f.parts[-1]).decode("utf-8", "replace")
+    return f.name, f.parts[-1].tolist()[0]
