@@ -205,7 +205,7 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     """``dcaforge calibrate``'s figure (``sweep.png``): left, the dev sweep: exact answers (with Wilson 95% intervals)
     against the chunk size S, one line per dev length and one for all of them, the pick ringed; middle, the dev
     perplexity per S when measured; right, the held-out check: the pick and YaRN per held-out length. ``rep`` is a
-    dcaforge.gate.calibrate.Report. None (``on_step`` told why) without matplotlib."""
+    dcaforge.gate.calibrate_report.Report. None (``on_step`` told why) without matplotlib."""
     try:
         import matplotlib
     except ImportError:
