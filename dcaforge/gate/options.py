@@ -61,7 +61,12 @@ def method_flags(method: str, ctx: int, trained: int, chunk: int, local: int, dc
 
 
 def trained_length(g: GateConfig, model: Path) -> tuple[str, int]:
-    meta = gguf_metadata(model)
+    """(architecture, trained length) of the gate's model: ``trained:`` when set, else its GGUF's context length."""
+    return trained_of(g, gguf_metadata(model))
+
+
+def trained_of(g: GateConfig, meta: dict[str, Any]) -> tuple[str, int]:
+    """(architecture, trained length) from a GGUF's metadata (:func:`dcaforge.gate.ggufmeta.gguf_metadata`)."""
     arch = str(meta.get("general.architecture", ""))
     trained = int(g.options.get("trained") or meta.get(f"{arch}.context_length", 0))
     if trained <= 0:

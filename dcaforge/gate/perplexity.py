@@ -4,9 +4,13 @@ logger lost the output's tail."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+
+from dcaforge.gate.context import GateContext
 
 #: Runs of llama-perplexity / llama-passkey whose output lost its tail are run again this many times.
 RETRIES = 8
@@ -69,3 +73,31 @@ def ppl_output_lost(out: str, value: float | None, rc: int) -> bool:
     output's tail (the loss can begin before the "perplexity: calculating" line: CI, 2026-12-02), so it is run again.
     A failed run (exit != 0) and a text too short for the context ("you need at least N tokens") are not."""
     return value is None and rc == 0 and "you need at least" not in out
+
+
+def run_perplexity(c: GateContext, argv: Sequence[str | os.PathLike[str]], name: str, ctx: int, n_vocab: int) -> float | None:
+    """The perplexity of a llama-perplexity run (``argv``) at context ``ctx``, its logs named after ``name``.
+
+    llama.cpp's common logger is leaked at exit and the tools do not call common_log_flush()
+    (common/log.cpp, ggml-org/llama.cpp#22142), so the tail of the output (the "[1]..." and
+    "Final estimate" lines) is now and then lost, exit status 0: in 1 of 2 to 20 runs on the
+    loaded 2-core machine, baseline and patched builds alike. Run again, at most RETRIES times.
+    Under load the loss can become the rule (CI, 2026-12-02: 8 runs of 8 lost), so after two lost tails a model
+    whose scored log-probabilities fit LOGITS_FILE_MAX bytes (``n_vocab`` known) runs once more with
+    --kl-divergence-base, which the tool's main thread writes (not its logger): the perplexity comes from that file
+    (perplexity_from_logits)."""
+    for attempt in range(RETRIES):
+        log_name = name + (f"-retry{attempt}" if attempt else "")
+        if attempt == 2 and 0 < n_vocab and (ctx // 2)*(n_vocab + 6)*2 <= LOGITS_FILE_MAX:
+            lf = c.logs / f"{log_name}-logits.bin"
+            out = c.run([*argv, "--kl-divergence-base", lf], log_name, check=False)
+            try:
+                value = parse_perplexity(out) or (perplexity_from_logits(lf) if c.last_rc == 0 else None)
+            finally:
+                lf.unlink(missing_ok=True)
+            return value
+        out = c.run(argv, log_name, check=False)
+        value = parse_perplexity(out)
+        if not ppl_output_lost(out, value, c.last_rc):
+            return value
+    return None

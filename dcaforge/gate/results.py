@@ -44,3 +44,10 @@ class GateReport:
 class GateHooks:
     on_gate: Callable[[GateConfig], None] | None = None
     on_step: Callable[[str], None] | None = None
+
+
+def failure(gate: str, task: str, ctx: int | None, method: str, score: float | None, threshold: float | None, rule: str,
+            text: str) -> dict[str, Any]:
+    """A cell that failed a threshold, as :attr:`GateResult.failures` lists it (``text`` prefixed with the gate)."""
+    return {"gate": gate, "task": task, "ctx": ctx, "method": method, "score": score, "threshold": threshold,
+            "rule": rule, "text": f"{gate}: {text}"}

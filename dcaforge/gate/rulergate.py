@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from dcaforge.config import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.context import GateContext
 from dcaforge.gate.options import METHOD_LABEL, gate_methods, method_flags, model_label, opt, trained_length
-from dcaforge.gate.results import GateResult
+from dcaforge.gate.results import GateResult, failure
 from dcaforge.gate.server import HttpError, LlamaServer
 
 
@@ -62,11 +63,147 @@ def gate_ruler(c: GateContext, g: GateConfig) -> GateResult:
     return measure_ruler(c.server(), model, g, c.log_path, c.step)
 
 
-def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str], Path],
-                  step: Callable[[str], None]) -> GateResult:
-    """RULER tasks served by ``exe`` (llama-server) on ``model``: one server per (context, method),
-    the same prompts to every method at a context, exact-match scores per task, context and method;
-    with an NVIDIA GPU, each server's peak GPU memory (nvidia-smi, sampled)."""
+#: (sample, prompt text, its tokens) of a RULER prompt, or None when it does not fit the context
+_Built = tuple[ruler.Sample, str, list[int]]
+
+
+@dataclass
+class _Ruler:
+    """One ruler measurement: its settings, the prompts built so far, the sample records, the servers run."""
+
+    g: GateConfig
+    model: Path
+    arch: str
+    trained: int
+    contexts: list[int]
+    methods: list[str]
+    tasks: list[str]
+    samples: int
+    seed: int
+    threads: int
+    n_predict: int
+    chunk: int
+    local: int
+    fewshot: bool
+    chat: bool
+    send: str
+    extra: list[str]
+    log_path: Callable[[str], Path]
+    step: Callable[[str], None]
+    # (task, ctx, index) -> the prompt or None when it does not fit; built by the first server at a context (the
+    # tokenizer is the model's, whatever the method) and sent to every method
+    prompts: dict[tuple[str, int, int], _Built | None] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)  # per server: load time, peak GPU memory
+    wrap: tuple[str, str] | None = None
+
+    def chat_wrap(self, srv: LlamaServer) -> None:
+        """The chat template around one user turn, split at a marker (once)."""
+        mark = "\u2063DCAFORGE\u2063"
+        templated = srv.apply_template(mark)
+        if templated.count(mark) != 1:
+            raise GateError(f"gate {self.g.name!r}: the model's chat template does not keep the user's text as it is",
+                            where=str(self.model), details=templated[:500], hint="set 'chat: false'")
+        pre, _, post = templated.partition(mark)
+        self.wrap = (pre, post)
+
+    def build(self, srv: LlamaServer, task: str, ctx: int, i: int, budget: int) -> _Built | None:
+        if self.chat and self.wrap is None:
+            self.chat_wrap(srv)
+        wrap = self.wrap
+        seen: dict[int, _Built] = {}
+
+        def measure(n: int) -> int:
+            s = ruler.generate(task, self.seed, i, n, n_samples=self.samples, fewshot=self.fewshot)
+            text = (wrap[0] + s.question + wrap[1] + s.answer_prefix) if wrap else s.prompt
+            toks = srv.tokenize(text)
+            seen.clear()
+            seen[n] = (s, text, toks)
+            return len(toks)
+
+        fitted = ruler.fit(measure, budget, probe=ruler.min_filler(task), slack=budget // 1000)
+        if fitted is None:
+            return None
+        n, _ = fitted
+        if n not in seen:
+            measure(n)
+        return seen[n]
+
+    def serve(self, exe: Path, ctx: int, method: str, probe: bool) -> None:
+        """One llama-server (``method`` at ``ctx``) and its samples; a server that does not start or dies is recorded
+        as the error of its samples, and the next server tries."""
+        job_tasks = ruler_job_tasks(self.tasks, ctx, self.trained, probe, vt_inside_score(self.records, self.trained))
+        if not job_tasks:
+            return
+        g = self.g
+        args = ruler_server_args(self.model, method, ctx, self.trained, self.arch, self.chunk, self.local,
+                                 [str(a) for a in opt(g, "dca_args")], self.extra, threads=self.threads,
+                                 yarn_factor=float(opt(g, "yarn_factor")))
+        self.step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}" + (" (vt inside the trained window)" if probe else ""))
+        server_error: str | None = None
+        t_server = time.monotonic()
+        srv = LlamaServer(exe, args, self.log_path(f"server-{method}-{ctx}"), load_timeout=float(opt(g, "load_timeout")),
+                          request_timeout=float(opt(g, "request_timeout")))
+        self.servers.append({"ctx": ctx, "method": method})
+        try:
+            srv.start()
+            self.servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
+        except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
+            server_error = f"llama-server did not start: {exc.message}"
+            self.step(f"  {server_error}")
+        try:
+            for task in job_tasks:
+                npred = self.n_predict or ruler.N_PREDICT[task]
+                for i in range(self.samples):
+                    server_error = self.sample(srv, task, ctx, method, i, npred, server_error)
+        finally:
+            srv.stop()
+        self.servers[-1].update(srv.gpu or {})
+
+    def sample(self, srv: LlamaServer, task: str, ctx: int, method: str, i: int, npred: int,
+               server_error: str | None) -> str | None:
+        """One sample's record (appended to the records); returns the server's error, if it has one now."""
+        rec: dict[str, Any] = {"task": task, "ctx": ctx, "method": method, "index": i, "score": None}
+        self.records.append(rec)
+        if server_error is not None:
+            rec["error"] = server_error
+            return server_error
+        try:
+            self.ask(srv, rec, npred)
+        except HttpError as exc:
+            rec["error"] = str(exc)[:300]
+        except GateError as exc:  # the server died: the rest of this server's samples too
+            rec["error"] = exc.message
+            return exc.message
+        return None
+
+    def ask(self, srv: LlamaServer, rec: dict[str, Any], npred: int) -> None:
+        """The sample's prompt (built when its context has none yet) sent, its answer scored into ``rec``."""
+        task, ctx, i = rec["task"], rec["ctx"], rec["index"]
+        key = (task, ctx, i)
+        if key not in self.prompts:
+            t_fit = time.monotonic()
+            self.prompts[key] = self.build(srv, task, ctx, i, ctx - npred)
+            rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
+        built = self.prompts[key]
+        if built is None:
+            rec["error"] = "does not fit"
+            return
+        sample, text, toks = built
+        rec.update(ruler_prompt_fields(sample, text, toks))
+        t0 = time.monotonic()
+        reply = srv.completion(toks if self.send == "tokens" else text, npred)
+        answer = str(reply.get("content", ""))
+        tm = reply.get("timings") or {}
+        rec.update({**ruler_answer_fields(sample, answer), "seconds": round(time.monotonic() - t0, 3),
+                    "tokens_evaluated": reply.get("tokens_evaluated"),
+                    "prompt_per_second": tm.get("prompt_per_second"),
+                    "predicted_per_second": tm.get("predicted_per_second")})
+        self.step(f"  {task} #{i}: {len(toks)} tokens, score {rec['score']:.2f}")
+
+
+def _ruler_setup(model: Path, g: GateConfig, log_path: Callable[[str], Path], step: Callable[[str], None]) -> _Ruler:
+    """The ruler gate's settings checked (GateError otherwise), before any server runs."""
     arch, trained = trained_length(g, model)
     contexts = _ruler_contexts(g, trained)
     methods = gate_methods(g)
@@ -84,102 +221,22 @@ def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str
     if send not in ("tokens", "text"):
         raise GateError(f"gate {g.name!r}: 'send:' must be tokens or text, got {send!r}", where=g.where)
     extra = [str(a) for a in opt(g, "extra_args")]
+    return _Ruler(g, model, arch, trained, contexts, methods, tasks, samples, seed, threads, n_predict, chunk, local,
+                  fewshot, chat, send, extra, log_path, step)
 
-    # (task, ctx, index) -> (sample, prompt text, its tokens) or None when it does not fit; built by the
-    # first server at a context (the tokenizer is the model's, whatever the method) and sent to every method
-    prompts: dict[tuple[str, int, int], tuple[ruler.Sample, str, list[int]] | None] = {}
-    records: list[dict[str, Any]] = []
-    servers: list[dict[str, Any]] = []  # per server: load time, peak GPU memory
-    wrap: tuple[str, str] | None = None
 
-    def build(srv: LlamaServer, task: str, ctx: int, i: int, budget: int) -> tuple[ruler.Sample, str, list[int]] | None:
-        nonlocal wrap
-        if chat and wrap is None:  # the chat template around one user turn, split at a marker
-            mark = "\u2063DCAFORGE\u2063"
-            templated = srv.apply_template(mark)
-            if templated.count(mark) != 1:
-                raise GateError(f"gate {g.name!r}: the model's chat template does not keep the user's text as it is",
-                                where=str(model), details=templated[:500], hint="set 'chat: false'")
-            pre, _, post = templated.partition(mark)
-            wrap = (pre, post)
-        seen: dict[int, tuple[ruler.Sample, str, list[int]]] = {}
-
-        def measure(n: int) -> int:
-            s = ruler.generate(task, seed, i, n, n_samples=samples, fewshot=fewshot)
-            text = (wrap[0] + s.question + wrap[1] + s.answer_prefix) if wrap else s.prompt
-            toks = srv.tokenize(text)
-            seen.clear()
-            seen[n] = (s, text, toks)
-            return len(toks)
-
-        fitted = ruler.fit(measure, budget, probe=ruler.min_filler(task), slack=budget // 1000)
-        if fitted is None:
-            return None
-        n, _ = fitted
-        if n not in seen:
-            measure(n)
-        return seen[n]
-
-    jobs = ruler_jobs(contexts, methods, tasks, trained, bool(opt(g, "vt_probe")))
+def measure_ruler(exe: Path, model: Path, g: GateConfig, log_path: Callable[[str], Path],
+                  step: Callable[[str], None]) -> GateResult:
+    """RULER tasks served by ``exe`` (llama-server) on ``model``: one server per (context, method),
+    the same prompts to every method at a context, exact-match scores per task, context and method;
+    with an NVIDIA GPU, each server's peak GPU memory (nvidia-smi, sampled)."""
+    r = _ruler_setup(model, g, log_path, step)
+    jobs = ruler_jobs(r.contexts, r.methods, r.tasks, r.trained, bool(opt(g, "vt_probe")))
     for ctx, method, probe in jobs:
-        job_tasks = ruler_job_tasks(tasks, ctx, trained, probe, vt_inside_score(records, trained))
-        if not job_tasks:
-            continue
-        args = ruler_server_args(model, method, ctx, trained, arch, chunk, local, [str(a) for a in opt(g, "dca_args")],
-                                 extra, threads=threads, yarn_factor=float(opt(g, "yarn_factor")))
-        step(f"{g.name}: llama-server {METHOD_LABEL[method]} at {ctx}" + (" (vt inside the trained window)" if probe else ""))
-        server_error: str | None = None
-        t_server = time.monotonic()
-        srv = LlamaServer(exe, args, log_path(f"server-{method}-{ctx}"), load_timeout=float(opt(g, "load_timeout")),
-                          request_timeout=float(opt(g, "request_timeout")))
-        servers.append({"ctx": ctx, "method": method})
-        try:
-            srv.start()
-            servers[-1]["load_seconds"] = round(time.monotonic() - t_server, 2)
-        except GateError as exc:  # e.g. out of memory at this context: recorded, and the next server tries
-            server_error = f"llama-server did not start: {exc.message}"
-            step(f"  {server_error}")
-        try:
-            for task in job_tasks:
-                npred = n_predict or ruler.N_PREDICT[task]
-                for i in range(samples):
-                    rec: dict[str, Any] = {"task": task, "ctx": ctx, "method": method, "index": i, "score": None}
-                    records.append(rec)
-                    if server_error is not None:
-                        rec["error"] = server_error
-                        continue
-                    try:
-                        key = (task, ctx, i)
-                        if key not in prompts:
-                            t_fit = time.monotonic()
-                            prompts[key] = build(srv, task, ctx, i, ctx - npred)
-                            rec["fit_seconds"] = round(time.monotonic() - t_fit, 3)
-                        built = prompts[key]
-                        if built is None:
-                            rec["error"] = "does not fit"
-                            continue
-                        sample, text, toks = built
-                        rec.update(ruler_prompt_fields(sample, text, toks))
-                        t0 = time.monotonic()
-                        reply = srv.completion(toks if send == "tokens" else text, npred)
-                        answer = str(reply.get("content", ""))
-                        tm = reply.get("timings") or {}
-                        rec.update({**ruler_answer_fields(sample, answer), "seconds": round(time.monotonic() - t0, 3),
-                                    "tokens_evaluated": reply.get("tokens_evaluated"),
-                                    "prompt_per_second": tm.get("prompt_per_second"),
-                                    "predicted_per_second": tm.get("predicted_per_second")})
-                        step(f"  {task} #{i}: {len(toks)} tokens, score {rec['score']:.2f}")
-                    except HttpError as exc:
-                        rec["error"] = str(exc)[:300]
-                    except GateError as exc:  # the server died: the rest of this server's samples too
-                        server_error = exc.message
-                        rec["error"] = exc.message
-        finally:
-            srv.stop()
-        servers[-1].update(srv.gpu or {})
+        r.serve(exe, ctx, method, probe)
     contexts_run = sorted({ctx for ctx, _, _ in jobs})
-    res = ruler_result(g, trained, contexts_run, methods, tasks, records, chunk, local)
-    res.metrics["servers"] = servers
+    res = ruler_result(g, r.trained, contexts_run, r.methods, r.tasks, r.records, r.chunk, r.local)
+    res.metrics["servers"] = r.servers
     return res
 
 
@@ -218,13 +275,9 @@ def ruler_job_tasks(tasks: Sequence[str], ctx: int, trained: int, probe: bool, v
 VT_NOT_MEASURABLE = "vt: not measurable on this model (0 inside its trained window)"
 
 
-def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
-                  records: list[dict[str, Any]], chunk: int, local: int) -> GateResult:
-    """The points (a row per task and context that has samples), the thresholds checked per cell past the trained
-    length (``score_min``: DCA's score; ``yarn_margin``: DCA's score minus YaRN's), and vt's inside-L check: plain's
-    vt score at contexts <= L; 0 there makes vt "not measurable" and leaves it out of the thresholds."""
-    if any(r["method"] == "plain" for r in records) and "plain" not in methods:
-        methods = ["plain", *methods]   # the vt check inside L ran plain
+def ruler_points(records: list[dict[str, Any]], tasks: list[str], contexts: list[int], methods: list[str]) -> list[dict[str, Any]]:
+    """A row per task and context that has samples: the mean prompt tokens, and per method the mean score, the share
+    of samples with every item found, and how many samples were scored."""
     points: list[dict[str, Any]] = []
     for task in tasks:
         for ctx in contexts:
@@ -240,22 +293,17 @@ def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list
                 row[f"{m}_all"] = _mean([float(r["all"]) for r in scored])
                 row[f"{m}_n"] = len(scored)
             points.append(row)
-    vt_inside = vt_inside_score(records, trained) if "vt" in tasks else None
-    counted = [t for t in tasks if not (t == "vt" and vt_inside == 0.0)]
-    errors = [r for r in records if r.get("error") and r["error"] != "does not fit"]
-    checks: list[str] = []
-    failures: list[dict[str, Any]] = []
-    if errors:
-        checks.append(f"{len(errors)} request(s) failed, e.g. {errors[0]['method']} at {errors[0]['ctx']}: {errors[0]['error'][:120]}")
-    past: dict[str, dict[str, float | None]] = {}
-    for task in tasks:
-        past[task] = {m: _mean([p[m] for p in points if p["task"] == task and p["ctx"] > trained and p[m] is not None])
-                      for m in methods}
+    return points
+
+
+def _ruler_failures(g: GateConfig, trained: int, points: list[dict[str, Any]], counted: list[str]) -> list[dict[str, Any]]:
+    """The cells past the trained length that fail ``score_min`` (DCA's score) or ``yarn_margin`` (DCA's score minus
+    YaRN's), for the tasks ``counted``."""
     score_min, margin = g.options.get("score_min"), g.options.get("yarn_margin")
+    failures: list[dict[str, Any]] = []
 
     def fail(task: str, ctx: int | None, score: float | None, threshold: float | None, rule: str, text: str) -> None:
-        failures.append({"gate": g.name, "task": task, "ctx": ctx, "method": "dca", "score": score,
-                         "threshold": threshold, "rule": rule, "text": f"{g.name}: {text}"})
+        failures.append(failure(g.name, task, ctx, "dca", score, threshold, rule, text))
 
     for task in counted:
         cells = [p for p in points if p["task"] == task and p["ctx"] > trained]
@@ -271,6 +319,29 @@ def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list
             if margin is not None and y is not None and d < y + float(margin):
                 fail(task, p["ctx"], d, y + float(margin), "yarn_margin",
                      f"{task} at {p['ctx']} tokens: DCA {d:.2f} < YaRN {y:.2f} + yarn_margin {float(margin):g}")
+    return failures
+
+
+def ruler_result(g: GateConfig, trained: int, contexts: list[int], methods: list[str], tasks: list[str],
+                  records: list[dict[str, Any]], chunk: int, local: int) -> GateResult:
+    """The points (a row per task and context that has samples), the thresholds checked per cell past the trained
+    length (``score_min``: DCA's score; ``yarn_margin``: DCA's score minus YaRN's), and vt's inside-L check: plain's
+    vt score at contexts <= L; 0 there makes vt "not measurable" and leaves it out of the thresholds."""
+    if any(r["method"] == "plain" for r in records) and "plain" not in methods:
+        methods = ["plain", *methods]   # the vt check inside L ran plain
+    points = ruler_points(records, tasks, contexts, methods)
+    vt_inside = vt_inside_score(records, trained) if "vt" in tasks else None
+    counted = [t for t in tasks if not (t == "vt" and vt_inside == 0.0)]
+    errors = [r for r in records if r.get("error") and r["error"] != "does not fit"]
+    checks: list[str] = []
+    if errors:
+        checks.append(f"{len(errors)} request(s) failed, e.g. {errors[0]['method']} at {errors[0]['ctx']}: {errors[0]['error'][:120]}")
+    past: dict[str, dict[str, float | None]] = {}
+    for task in tasks:
+        past[task] = {m: _mean([p[m] for p in points if p["task"] == task and p["ctx"] > trained and p[m] is not None])
+                      for m in methods}
+    score_min, margin = g.options.get("score_min"), g.options.get("yarn_margin")
+    failures = _ruler_failures(g, trained, points, counted)
     ok = not errors and not failures
     parts = []
     for task, by in past.items():
