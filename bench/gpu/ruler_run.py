@@ -1,4 +1,4 @@
-"""The ruler gate's measurement (dcaforge.gate.gate.measure_ruler) on a machine without a clean room: the
+"""The ruler gate's measurement (dcaforge.gate.rulergate.measure_ruler) on a machine without a clean room: the
 GPU box has a llama.cpp build and models, not the git room that `dcaforge gate` needs.
 
     python bench/gpu/ruler_run.py run --server BIN/llama-server --model M.gguf --name NAME --out DIR \
@@ -38,17 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dcaforge import ruler
 from dcaforge.config import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
-from dcaforge.gate.gate import (
-    METHODS,
-    GateResult,
-    gguf_metadata,
-    measure_ruler,
-    points_table,
-    ruler_answer_fields,
-    ruler_prompt_fields,
-    ruler_server_args,
-)
+from dcaforge.gate.gate import points_table
+from dcaforge.gate.ggufmeta import gguf_metadata
+from dcaforge.gate.options import METHODS
 from dcaforge.gate.plot import plot
+from dcaforge.gate.results import GateResult
+from dcaforge.gate.rulergate import measure_ruler, ruler_answer_fields, ruler_prompt_fields, ruler_server_args
 from dcaforge.gate.server import LlamaServer
 
 

@@ -39,7 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dcaforge.gate import longctx  # noqa: E402
-from dcaforge.gate.gate import parse_perplexity, perplexity_from_logits  # noqa: E402
+from dcaforge.gate.perplexity import parse_perplexity, perplexity_from_logits  # noqa: E402
 from dcaforge.gate.server import LlamaServer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -80,6 +80,34 @@ def calibrate(
     """Sweep DCA's chunk size on the model's own dev split, check the pick on held-out trials beside YaRN, and write a
     copy of the GGUF with its dual_chunk sizes so that --dca on alone uses them."""
     cfg = load(config) if server is None or dev_text is None else None
+    srv, ppl, server_from = _binaries(cfg, server, perplexity, no_perplexity)
+    chosen = call(lambda: _chunks(chunks))
+    extra = call(lambda: _split_args(server_args))
+    call(lambda: preflight(model, output, force, srv, server_from, work))   # refusals first, before the texts load
+
+    def texts() -> tuple[Any, Any]:
+        dev = file_text(dev_text, "dev text") if dev_text is not None else room_dev_text(cfg)  # type: ignore[arg-type]
+        held = file_text(heldout_text, "held-out text") if heldout_text is not None else python_docs_text()
+        return dev, held
+
+    dev, held = call(texts)
+    opts = Options(model=model, server=srv, dev=dev, heldout=held, out=output, force=force, perplexity=ppl,
+                   chunks=chosen, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
+                   server_args=extra, work=work, server_from=server_from)
+    bar, hooks = _progress()
+    with bar:
+        rep = call(lambda: do_calibrate(opts, hooks),
+                   interrupted="calibration stopped; no GGUF was written (the trials so far are in the work folder's "
+                               "trials.jsonl); run the same command again")
+    if as_json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
+        return
+    print_report(rep)
+
+
+def _binaries(cfg: Any, server: Path | None, perplexity: Path | None, no_perplexity: bool) -> tuple[Path, Path | None, str]:
+    """(llama-server, llama-perplexity or None, where the server came from): ``--server`` or the clean room's build;
+    ``--perplexity``, else the room's, else the one beside llama-server; none with ``--no-perplexity``."""
     ppl: Path | None = None
     server_from = "--server"
     if server is None:
@@ -93,21 +121,11 @@ def calibrate(
         ppl = server.parent / "llama-perplexity"
     if no_perplexity:
         ppl = None
-    chosen = call(lambda: _chunks(chunks))
-    extra = call(lambda: _split_args(server_args))
-    srv = server
-    call(lambda: preflight(model, output, force, srv, server_from, work))   # refusals first, before the texts load
+    return server, ppl, server_from
 
-    def texts() -> tuple[Any, Any]:
-        dev = file_text(dev_text, "dev text") if dev_text is not None else room_dev_text(cfg)  # type: ignore[arg-type]
-        held = file_text(heldout_text, "held-out text") if heldout_text is not None else python_docs_text()
-        return dev, held
 
-    dev, held = call(texts)
-    opts = Options(model=model, server=srv, dev=dev, heldout=held, out=output, force=force, perplexity=ppl,
-                   chunks=chosen, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
-                   server_args=extra, work=work, server_from=server_from)
-
+def _progress() -> tuple[Progress, Hooks]:
+    """The progress bar on stderr (a terminal's; elsewhere a line a step) and the hooks that move it."""
     bar = Progress(SpinnerColumn(), TextColumn("{task.description:<42}", markup=False), BarColumn(bar_width=30),
                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}", markup=False),
                    console=err, transient=False, disable=not err.is_terminal)
@@ -130,14 +148,7 @@ def calibrate(
         bar.update(task, advance=1, last=f"{rec['method']} {rec['length']} #{rec['index']}: "
                                          f"{'ok' if rec['ok'] else 'miss'}")
 
-    with bar:
-        rep = call(lambda: do_calibrate(opts, Hooks(on_plan=on_plan, on_step=on_step, on_trial=on_trial)),
-                   interrupted="calibration stopped; no GGUF was written (the trials so far are in the work folder's "
-                               "trials.jsonl); run the same command again")
-    if as_json:
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
-        return
-    print_report(rep)
+    return bar, Hooks(on_plan=on_plan, on_step=on_step, on_trial=on_trial)
 
 
 def print_report(rep: Report) -> None:

@@ -109,6 +109,51 @@ def _ctx_label(x: int) -> str:
     return str(x)
 
 
+def _draw_series(ax: Any, panel: str, series: dict[str, dict[int, float]], extras: list[str], names: dict[str, str],
+                 ppl_max: float | None, handles: dict[str, tuple[int, Any]]) -> None:
+    """A panel's lines, one a method (plain, YaRN, DCA, then the further settings), each label once in ``handles``;
+    with ``ppl_max``, a perplexity above it drawn at the top edge with its value written."""
+    for rank, m in enumerate([*STYLE, *extras]):
+        s = series.get(m)
+        if not s:
+            continue
+        label, color, marker, ls, size = style(m, extras)
+        label = names.get(m, label)
+        xs = sorted(s)
+        ys = [s[x] for x in xs]
+        if panel == "perplexity" and ppl_max is not None:
+            for x, y in zip(xs, ys, strict=True):
+                if y > ppl_max:
+                    ax.annotate(f"{y:.4g}", (x, ppl_max), fontsize=6, color=color, ha="center", va="top",
+                                xytext=(0, -6), textcoords="offset points")
+            ys = [min(y, ppl_max) for y in ys]
+        (line,) = ax.plot(xs, ys, marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
+        handles.setdefault(label, (rank, line))
+
+
+def _set_axes(ax: Any, panel: str, series: dict[str, dict[int, float]], xs_row: list[int], trained: int | None,
+              ppl_max: float | None) -> None:
+    """A measured panel's axes: the row's contexts on a log2 x axis, the trained length dotted, perplexity on a log
+    axis (linear within a factor 10, or up to ``ppl_max``), scores on [0, 1]."""
+    ax.set_xscale("log", base=2)  # every panel of a row on the same axis: the model's contexts
+    ax.set_xlim(xs_row[0] / 1.25, xs_row[-1] * 1.25)
+    ax.set_xticks(xs_row, [_ctx_label(x) for x in xs_row])
+    ax.minorticks_off()
+    if trained is not None:
+        ax.axvline(trained, color="grey", lw=0.8, ls=":")
+    if panel == "perplexity" and ppl_max is not None:
+        lo = min(v for s in series.values() for v in s.values())
+        ax.set_ylim(lo * 0.97, ppl_max * 1.01)
+    elif panel == "perplexity":
+        ax.set_yscale("log")
+        vals = [v for s in series.values() for v in s.values() if v > 0 and math.isfinite(v)]
+        if vals and max(vals) / min(vals) < 10:
+            ax.set_yscale("linear")
+    else:
+        ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("context (tokens)", fontsize=7)
+
+
 def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] | None = None,
          title: str | None = None, ppl_max: float | None = None, dpi: int = 72, row_legend: bool = False) -> Path | None:
     """Write the figure; None when no gate has points to draw, or matplotlib is missing (``on_step``
@@ -143,50 +188,18 @@ def plot(results: Sequence[_Result], path: Path, on_step: Callable[[str], None] 
         for ax, panel in zip(row, panels, strict=True):
             series = data[model].get(panel, {})
             misses = sorted(nofit.get(model, {}).get(panel, set()))
-            xs_all = sorted({x for s in series.values() for x in s} | set(misses))
-            for rank, m in enumerate([*STYLE, *extras]):
-                s = series.get(m)
-                if not s:
-                    continue
-                label, color, marker, ls, size = style(m, extras)
-                label = names.get(model, {}).get(m, label)
-                xs = sorted(s)
-                ys = [s[x] for x in xs]
-                if panel == "perplexity" and ppl_max is not None:
-                    for x, y in zip(xs, ys, strict=True):
-                        if y > ppl_max:
-                            ax.annotate(f"{y:.4g}", (x, ppl_max), fontsize=6, color=color, ha="center", va="top",
-                                        xytext=(0, -6), textcoords="offset points")
-                    ys = [min(y, ppl_max) for y in ys]
-                (line,) = ax.plot(xs, ys, marker=marker, ls=ls, color=color, label=label, ms=size, lw=1.4)
-                handles.setdefault(label, (rank, line))
+            _draw_series(ax, panel, series, extras, names.get(model, {}), ppl_max, handles)
             if misses and panel != "perplexity":
                 dots = ax.scatter(misses, [0.5] * len(misses), marker="x", color="#bbbbbb", s=30, label="prompt does not fit")
                 handles.setdefault("prompt does not fit", (len(STYLE) + len(extras), dots))
             ax.set_title(f"{TITLES.get(panel, panel)}\n{model}", fontsize=8)
             ax.tick_params(labelsize=7)
-            if not xs_all:
+            if not sorted({x for s in series.values() for x in s} | set(misses)):
                 ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            ax.set_xscale("log", base=2)  # every panel of a row on the same axis: the model's contexts
-            ax.set_xlim(xs_row[0] / 1.25, xs_row[-1] * 1.25)
-            ax.set_xticks(xs_row, [_ctx_label(x) for x in xs_row])
-            ax.minorticks_off()
-            if model in trained:
-                ax.axvline(trained[model], color="grey", lw=0.8, ls=":")
-            if panel == "perplexity" and ppl_max is not None:
-                lo = min(v for s in series.values() for v in s.values())
-                ax.set_ylim(lo * 0.97, ppl_max * 1.01)
-            elif panel == "perplexity":
-                ax.set_yscale("log")
-                vals = [v for s in series.values() for v in s.values() if v > 0 and math.isfinite(v)]
-                if vals and max(vals) / min(vals) < 10:
-                    ax.set_yscale("linear")
-            else:
-                ax.set_ylim(-0.05, 1.05)
-            ax.set_xlabel("context (tokens)", fontsize=7)
+            _set_axes(ax, panel, series, xs_row, trained.get(model), ppl_max)
             if not row_legend:
                 ax.legend(fontsize=6, loc="best")
         if row_legend and handles:   # every method of the row once: plain, YaRN, DCA, the settings
@@ -205,7 +218,7 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     """``dcaforge calibrate``'s figure (``sweep.png``): left, the dev sweep: exact answers (with Wilson 95% intervals)
     against the chunk size S, one line per dev length and one for all of them, the pick ringed; middle, the dev
     perplexity per S when measured; right, the held-out check: the pick and YaRN per held-out length. ``rep`` is a
-    dcaforge.gate.calibrate.Report. None (``on_step`` told why) without matplotlib."""
+    dcaforge.gate.calibrate_report.Report. None (``on_step`` told why) without matplotlib."""
     try:
         import matplotlib
     except ImportError:

@@ -19,7 +19,7 @@ from pathlib import Path
 from dcaforge import ruler
 from dcaforge.config import Config
 from dcaforge.errors import DcaforgeError, GateError
-from dcaforge.gate.gate import gguf_metadata
+from dcaforge.gate.ggufmeta import gguf_metadata
 from dcaforge.gate.server import LlamaServer
 from dcaforge.room.cleanroom import Room
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dcaforge.gate.gate import GateResult
+from dcaforge.gate.results import GateResult
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "bench" / "gpu" / "run.sh"
@@ -434,7 +434,7 @@ def test_ruler_run_replay_sends_only_the_recorded_prompts(tmp_path: Path) -> Non
     argv = (tmp_path / "o.server.log").read_text().splitlines()[0]
     assert " -c 32768 " in argv and "--dca on --dca-chunk-size 4096 --dca-local-size 1024 --override-kv" in argv
     # the arguments are gate.ruler_server_args' (measure_ruler's), without -t: 32768 is past the recorded L 8192
-    from dcaforge.gate.gate import ruler_server_args
+    from dcaforge.gate.rulergate import ruler_server_args
 
     old = json.loads(res.read_text())["metrics"]
     assert old["trained"] == 8192 and old["chunk"] == 4096 and old["local"] == 1024

@@ -26,6 +26,7 @@ from dcaforge.cli import app
 from dcaforge.errors import CalibrateError
 from dcaforge.gate import calibrate as cal
 from dcaforge.gate import longctx
+from dcaforge.gate.calibrate_gguf import verify_copy
 from dcaforge.gate.gatetools import tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,10 +237,10 @@ def test_copy_is_checked_by_reading_it_back(tmp_path: Path) -> None:
     dst.write_bytes(bytes(data))
     keys = {"qwen2.attention.dual_chunk.chunk_size": 128, "qwen2.attention.dual_chunk.local_size": 16}
     with pytest.raises(CalibrateError, match="does not read back as written") as exc:
-        cal.verify_copy(MODEL, dst, keys)
+        verify_copy(MODEL, dst, keys)
     assert "(bytes)" in (exc.value.details or "")
     with pytest.raises(CalibrateError, match="does not read back as written") as exc:
-        cal.verify_copy(MODEL, dst, {**keys, "qwen2.attention.dual_chunk.chunk_size": 64})
+        verify_copy(MODEL, dst, {**keys, "qwen2.attention.dual_chunk.chunk_size": 64})
     assert "qwen2.attention.dual_chunk.chunk_size" in (exc.value.details or "")
 
 

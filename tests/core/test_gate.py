@@ -14,7 +14,12 @@ from typer.testing import CliRunner
 from dcaforge.cli import app
 from dcaforge.config import GateConfig, parse_config
 from dcaforge.errors import GateError
-from dcaforge.gate.gate import GateResult, gguf_metadata, parse_passkey, parse_perplexity, plot, points_table, run_gates
+from dcaforge.gate.gate import points_table, run_gates
+from dcaforge.gate.ggufmeta import gguf_metadata
+from dcaforge.gate.passkey import parse_passkey
+from dcaforge.gate.perplexity import parse_perplexity
+from dcaforge.gate.plot import plot
+from dcaforge.gate.results import GateResult
 
 PPL_OUT = """\
 perplexity: tokenizing the input ..
@@ -134,7 +139,7 @@ def test_gate_errors_name_what_is_missing(tmp_path: Path) -> None:
 
 def test_gate_json_shape(tmp_path: Path) -> None:
     """The JSON the CLI writes: passed, gates (name, kind, passed, summary, metrics, points, seconds, failures), plot."""
-    from dcaforge.gate.gate import GateReport
+    from dcaforge.gate.results import GateReport
 
     rep = GateReport([GateResult("a", "off-identity", False, "logits differ", {"fa_on": {"identical": False}})],
                      tmp_path, tmp_path / "results.json", None)
@@ -145,7 +150,7 @@ def test_gate_json_shape(tmp_path: Path) -> None:
 
 
 def test_method_flags() -> None:
-    from dcaforge.gate.gate import method_flags
+    from dcaforge.gate.options import method_flags
 
     assert method_flags("plain", 4096, 1024, 768, 128) == []
     assert method_flags("yarn", 4096, 1024, 768, 128) == ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "1024"]
@@ -158,7 +163,7 @@ def test_method_flags() -> None:
 def test_ruler_server_args() -> None:
     """One list for measure_ruler and ruler_run.py replay: past the trained length the context length is overridden,
     inside it not; -t only when threads are given; extra args before the method's flags."""
-    from dcaforge.gate.gate import ruler_server_args
+    from dcaforge.gate.rulergate import ruler_server_args
 
     assert ruler_server_args(Path("m.gguf"), "dca", 4096, 1024, "llama", 512, 128, ["--dca-yarn-factor", "4"], ["-fa", "on"],
                              threads=8) == [
@@ -207,7 +212,7 @@ def test_plot_draws_further_dca_settings_each_in_its_own_style(tmp_path: Path, m
 def test_a_perplexity_run_whose_output_was_lost_is_run_again() -> None:
     """llama.cpp's logger may lose a run's tail, even from before "perplexity: calculating" (CI, 2026-12-02): an exit 0
     without a figure is run again; a failed run or a text too short for the context is not."""
-    from dcaforge.gate.gate import ppl_output_lost
+    from dcaforge.gate.perplexity import ppl_output_lost
 
     head = "llama_model_loader: loaded meta data\nsystem_info: n_threads = 2\n"
     assert ppl_output_lost(head, None, 0)
@@ -225,7 +230,7 @@ def test_perplexity_from_a_logits_file_and_its_malformed_forms(tmp_path: Path) -
 
     import numpy as np
 
-    from dcaforge.gate.gate import perplexity_from_logits
+    from dcaforge.gate.perplexity import perplexity_from_logits
 
     n_ctx, n_vocab = 6, 3                   # scored: positions 3 and 4 (the second half of the window, less the last)
     tokens = [0, 1, 2, 0, 2, 1]             # targets: tokens[4] = 2, tokens[5] = 1
@@ -270,7 +275,7 @@ def _records(scores: dict[tuple[str, int, str], list[float | None]]) -> list[dic
 
 
 def test_ruler_thresholds_fail_per_cell_and_name_it() -> None:
-    from dcaforge.gate.gate import ruler_result
+    from dcaforge.gate.rulergate import ruler_result
 
     recs = _records({("niah_multikey", 256, "plain"): [1.0, 1.0], ("niah_multikey", 256, "yarn"): [1.0, 1.0],
                      ("niah_multikey", 256, "dca"): [1.0, 1.0],
@@ -299,7 +304,7 @@ def test_ruler_thresholds_fail_per_cell_and_name_it() -> None:
 
 
 def test_ruler_vt_is_not_measurable_when_plain_scores_0_inside_l() -> None:
-    from dcaforge.gate.gate import VT_NOT_MEASURABLE, ruler_result
+    from dcaforge.gate.rulergate import VT_NOT_MEASURABLE, ruler_result
 
     past = {("vt", 1024, "yarn"): [0.0, 0.0], ("vt", 1024, "dca"): [0.0, 0.0],
             ("niah_multikey", 1024, "yarn"): [0.0, 0.5], ("niah_multikey", 1024, "dca"): [1.0, 1.0]}
@@ -324,7 +329,7 @@ def test_ruler_vt_is_not_measurable_when_plain_scores_0_inside_l() -> None:
 
 
 def test_ruler_runs_vt_inside_l_first_and_skips_it_past_l_at_0() -> None:
-    from dcaforge.gate.gate import ruler_job_tasks, ruler_jobs, vt_inside_score
+    from dcaforge.gate.rulergate import ruler_job_tasks, ruler_jobs, vt_inside_score
 
     tasks = ["vt", "niah_multikey"]
     # no context inside L with plain: a plain server at L runs vt alone, first

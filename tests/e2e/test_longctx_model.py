@@ -33,11 +33,11 @@ PLAIN_MIN_RATIO = 2.0
 
 def perplexity(tree, ctx: int, extra: list[str], name: str, env: dict[str, str] | None = None) -> float:
     """The run's "Final estimate"; when llama.cpp's logger lost it (the tail of the output is now and then lost at
-    exit, exit status 0: dcaforge.gate.gate.ppl_output_lost), the perplexity of the --kl-divergence-base file every run
-    writes from the tool's main thread (dcaforge.gate.gate.perplexity_from_logits, within a few 1e-6 of the printed figure:
+    exit, exit status 0: dcaforge.gate.perplexity.ppl_output_lost), the perplexity of the --kl-divergence-base file every run
+    writes from the tool's main thread (dcaforge.gate.perplexity.perplexity_from_logits, within a few 1e-6 of the printed figure:
     test_the_gate_reads_the_perplexity_from_the_logits_file). The running estimates printed per chunk are no stand-in:
     the logger loses them too, and CI (2026-12-03) read chunk 15's estimate of 16 for the final one."""
-    from dcaforge.gate.gate import parse_perplexity, perplexity_from_logits
+    from dcaforge.gate.perplexity import parse_perplexity, perplexity_from_logits
 
     log = WORKSPACE / "logs" / f"longctx-{name}.log"
     lf = log.with_suffix(".logits")
@@ -80,10 +80,10 @@ def test_dca_extends_the_trained_context(dca_tree):
 
 
 def test_the_gate_reads_the_perplexity_from_the_logits_file(dca_tree, tmp_path):
-    """dcaforge.gate.gate's fallback when llama.cpp's logger loses the output's tail (the extension gate, under load): the
+    """dcaforge.gate.extension's fallback when llama.cpp's logger loses the output's tail (the extension gate, under load): the
     perplexity computed from the tool's --kl-divergence-base file equals the tool's own "Final estimate" (to 1e-4),
     for one window and for three, plain and DCA."""
-    from dcaforge.gate.gate import parse_perplexity, perplexity_from_logits
+    from dcaforge.gate.perplexity import parse_perplexity, perplexity_from_logits
 
     for ctx, chunks, extra in ((256, 1, []), (512, 3, []), (1024, 1, DCA)):
         lf = tmp_path / f"logits-{ctx}.bin"

@@ -38,6 +38,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gguf
@@ -202,15 +203,34 @@ def build_shape(shape: str, path: str, seed: int = DEFAULT_SEED, dtype: str = "f
 
 def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
            kv: dict[str, int | float | str] | None = None, zero_global: bool = False, f16: bool = False) -> str:
-    arch = spec.arch
-    E, V, F = spec.n_embd, N_VOCAB, spec.n_ff
+    w = gguf.GGUFWriter(path, spec.arch)
+    _add_hparams(w, spec, name, n_ctx_train, f16)
+    _add_kv(w, spec.arch, kv or {})
+    _add_tokenizer(w)
 
-    w = gguf.GGUFWriter(path, arch)
+    def t(name: str, arr: np.ndarray) -> None:
+        # numpy shapes are the reverse of ggml's ne; with f16, matrices are F16 (norms, biases: F32)
+        dtype = np.float16 if f16 and arr.ndim >= 2 else np.float32
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=dtype))
+
+    _add_global_tensors(t, spec, rng)
+    for il in range(spec.n_layer):
+        _add_layer_tensors(t, spec, rng, il, zero_global)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _add_hparams(w: gguf.GGUFWriter, spec: Spec, name: str, n_ctx_train: int, f16: bool) -> None:
+    """The architecture's hyperparameters (and, per architecture, its experts, sliding window, softcap)."""
+    arch = spec.arch
     w.add_name(name)
     w.add_context_length(n_ctx_train)
-    w.add_embedding_length(E)
+    w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layer)
-    w.add_feed_forward_length(F)
+    w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(spec.rms_eps)
@@ -240,7 +260,11 @@ def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
         w.add_shared_kv_layers(spec.n_shared_kv)
     if spec.softcap is not None:
         w.add_final_logit_softcapping(spec.softcap)
-    for key, value in (kv or {}).items():
+
+
+def _add_kv(w: gguf.GGUFWriter, arch: str, kv: dict[str, int | float | str]) -> None:
+    """Further keys (``{arch}`` in a key is the architecture): bool, uint32, float32 or string by the value's type."""
+    for key, value in kv.items():
         key = key.replace("{arch}", arch)
         if isinstance(value, bool):
             w.add_bool(key, value)
@@ -251,7 +275,9 @@ def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
         else:
             w.add_string(key, str(value))
 
-    # tokenizer: BOS + raw bytes
+
+def _add_tokenizer(w: gguf.GGUFWriter) -> None:
+    """The tokenizer: BOS + raw bytes."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(bytes_to_unicode() + ["<|bos|>", "<|endoftext|>"])
@@ -262,19 +288,16 @@ def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    def t(name: str, arr: np.ndarray) -> None:
-        # numpy shapes are the reverse of ggml's ne; with f16, matrices are F16 (norms, biases: F32)
-        dtype = np.float16 if f16 and arr.ndim >= 2 else np.float32
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=dtype))
 
+def _add_global_tensors(t: Callable[[str, np.ndarray], None], spec: Spec, rng: _Rng) -> None:
+    """The embedding, the output norm and head, and gemma4's rope frequencies."""
+    arch, E = spec.arch, spec.n_embd
     emb_std = 1.0 / np.sqrt(E) if arch in SWA_ARCHS else 0.5   # gemma scales embeddings by sqrt(E)
-    t("token_embd.weight", rng.normal("token_embd", (V, E), emb_std))
+    t("token_embd.weight", rng.normal("token_embd", (N_VOCAB, E), emb_std))
     t("output_norm.weight", rng.norm_w("output_norm", E))
     if arch not in SWA_ARCHS:
         # untied output head; gemma ties it to the embedding
-        t("output.weight", rng.normal("output", (V, E), 0.1))
-
-    n_layer_kv = spec.n_layer - spec.n_shared_kv
+        t("output.weight", rng.normal("output", (N_VOCAB, E), 0.1))
     if arch == "gemma4":
         # proportional rope of the global layers: the first rope_dims_global dims rotate
         nf = spec.head_dim // 2
@@ -282,54 +305,52 @@ def _write(spec: Spec, path: str, name: str, rng: _Rng, n_ctx_train: int,
         ff[: spec.rope_dims_global // 2] = 1.0
         t("rope_freqs.weight", ff)
 
-    for il in range(spec.n_layer):
-        p = f"blk.{il}."
-        swa = _is_swa(spec, il)
-        hd = spec.head_dim_swa if (arch == "gemma4" and swa) else spec.head_dim
-        q_dim = hd * spec.n_head
-        kv_dim = hd * spec.n_head_kv
-        has_kv = il < n_layer_kv
-        proj_std = 1.0 / np.sqrt(E)
 
-        t(p + "attn_norm.weight", rng.norm_w(p + "attn_norm", E))
-        t(p + "attn_q.weight", rng.normal(p + "attn_q", (q_dim, E), proj_std))
+def _add_layer_tensors(t: Callable[[str, np.ndarray], None], spec: Spec, rng: _Rng, il: int, zero_global: bool) -> None:
+    """Layer ``il``'s attention (K and V only on layers that have their own KV) and its feed-forward or experts;
+    ``zero_global``: a global layer's attention output is zero."""
+    arch, E, F = spec.arch, spec.n_embd, spec.n_ff
+    p = f"blk.{il}."
+    swa = _is_swa(spec, il)
+    hd = spec.head_dim_swa if (arch == "gemma4" and swa) else spec.head_dim
+    q_dim = hd * spec.n_head
+    kv_dim = hd * spec.n_head_kv
+    has_kv = il < spec.n_layer - spec.n_shared_kv
+    proj_std = 1.0 / np.sqrt(E)
+
+    t(p + "attn_norm.weight", rng.norm_w(p + "attn_norm", E))
+    t(p + "attn_q.weight", rng.normal(p + "attn_q", (q_dim, E), proj_std))
+    if has_kv:
+        t(p + "attn_k.weight", rng.normal(p + "attn_k", (kv_dim, E), proj_std))
+        if il not in spec.no_v_layers:
+            t(p + "attn_v.weight", rng.normal(p + "attn_v", (kv_dim, E), proj_std))
+    if spec.qkv_bias:
+        t(p + "attn_q.bias", rng.normal(p + "attn_q.bias", (q_dim,), 0.1))
+        t(p + "attn_k.bias", rng.normal(p + "attn_k.bias", (kv_dim,), 0.1))
+        t(p + "attn_v.bias", rng.normal(p + "attn_v.bias", (kv_dim,), 0.1))
+    wo = rng.normal(p + "attn_output", (E, q_dim), 1.0 / np.sqrt(q_dim))
+    if zero_global and not swa:
+        wo[...] = 0.0
+    t(p + "attn_output.weight", wo)
+    if spec.qk_norm:
+        t(p + "attn_q_norm.weight", rng.norm_w(p + "attn_q_norm", hd, spec.qk_norm_scale))
         if has_kv:
-            t(p + "attn_k.weight", rng.normal(p + "attn_k", (kv_dim, E), proj_std))
-            if il not in spec.no_v_layers:
-                t(p + "attn_v.weight", rng.normal(p + "attn_v", (kv_dim, E), proj_std))
-        if spec.qkv_bias:
-            t(p + "attn_q.bias", rng.normal(p + "attn_q.bias", (q_dim,), 0.1))
-            t(p + "attn_k.bias", rng.normal(p + "attn_k.bias", (kv_dim,), 0.1))
-            t(p + "attn_v.bias", rng.normal(p + "attn_v.bias", (kv_dim,), 0.1))
-        wo = rng.normal(p + "attn_output", (E, q_dim), 1.0 / np.sqrt(q_dim))
-        if zero_global and not swa:
-            wo[...] = 0.0
-        t(p + "attn_output.weight", wo)
-        if spec.qk_norm:
-            t(p + "attn_q_norm.weight", rng.norm_w(p + "attn_q_norm", hd, spec.qk_norm_scale))
-            if has_kv:
-                t(p + "attn_k_norm.weight", rng.norm_w(p + "attn_k_norm", hd, spec.qk_norm_scale))
-        if spec.post_norms:
-            t(p + "post_attention_norm.weight", rng.norm_w(p + "post_attention_norm", E))
-            t(p + "post_ffw_norm.weight", rng.norm_w(p + "post_ffw_norm", E))
+            t(p + "attn_k_norm.weight", rng.norm_w(p + "attn_k_norm", hd, spec.qk_norm_scale))
+    if spec.post_norms:
+        t(p + "post_attention_norm.weight", rng.norm_w(p + "post_attention_norm", E))
+        t(p + "post_ffw_norm.weight", rng.norm_w(p + "post_ffw_norm", E))
 
-        t(p + "ffn_norm.weight", rng.norm_w(p + "ffn_norm", E))
-        if spec.n_expert:
-            ne, fe = spec.n_expert, spec.n_ff_exp
-            t(p + "ffn_gate_inp.weight", rng.normal(p + "ffn_gate_inp", (ne, E), 0.5))
-            t(p + "ffn_gate_exps.weight", rng.normal(p + "ffn_gate_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
-            t(p + "ffn_up_exps.weight", rng.normal(p + "ffn_up_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
-            t(p + "ffn_down_exps.weight", rng.normal(p + "ffn_down_exps", (ne, E, fe), 1.0 / np.sqrt(fe)))
-        else:
-            t(p + "ffn_gate.weight", rng.normal(p + "ffn_gate", (F, E), 1.0 / np.sqrt(E)))
-            t(p + "ffn_up.weight", rng.normal(p + "ffn_up", (F, E), 1.0 / np.sqrt(E)))
-            t(p + "ffn_down.weight", rng.normal(p + "ffn_down", (E, F), 1.0 / np.sqrt(F)))
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    t(p + "ffn_norm.weight", rng.norm_w(p + "ffn_norm", E))
+    if spec.n_expert:
+        ne, fe = spec.n_expert, spec.n_ff_exp
+        t(p + "ffn_gate_inp.weight", rng.normal(p + "ffn_gate_inp", (ne, E), 0.5))
+        t(p + "ffn_gate_exps.weight", rng.normal(p + "ffn_gate_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
+        t(p + "ffn_up_exps.weight", rng.normal(p + "ffn_up_exps", (ne, fe, E), 1.0 / np.sqrt(E)))
+        t(p + "ffn_down_exps.weight", rng.normal(p + "ffn_down_exps", (ne, E, fe), 1.0 / np.sqrt(fe)))
+    else:
+        t(p + "ffn_gate.weight", rng.normal(p + "ffn_gate", (F, E), 1.0 / np.sqrt(E)))
+        t(p + "ffn_up.weight", rng.normal(p + "ffn_up", (F, E), 1.0 / np.sqrt(E)))
+        t(p + "ffn_down.weight", rng.normal(p + "ffn_down", (E, F), 1.0 / np.sqrt(F)))
 
 
 def model_path(outdir: str, arch: str, variant: str = "normal") -> str:
