@@ -290,7 +290,8 @@ def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = N
     """Past the chain: each C++ unit 0078 adds, with g++ and exactly the flags the dry run's make -n gives it
     (cosmocc's own left out), and the CUDA units it adds or edits with nvcc and exactly the flags the real GPU
     script hands nvcc for them (sm_86 only: one architecture is the check, not the library)."""
-    from dcaforge.build.build import dry_run, dryrun
+    from dcaforge.build import dryrun
+    from dcaforge.build.build import dry_run
     from dcaforge.config import parse_config
 
     config = parse_config(cfg)

@@ -146,7 +146,8 @@ def test_llamafile_real_layout_builds_as_far_as_this_machine_allows(new_pin: Che
     assert "  llama.cpp/ggml/src/ggml-cuda/fattn-lse.cu: handed to nvcc" in p.stdout
     assert "ok: every file the feature adds is compiled and linked" in p.stdout
 
-    from dcaforge.build.build import dry_run, dryrun
+    from dcaforge.build import dryrun
+    from dcaforge.build.build import dry_run
 
     if shutil.which("nvcc"):
         from test_e2e_cuda_compile import cuda_stubs
