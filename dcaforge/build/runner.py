@@ -64,6 +64,8 @@ class BuildResult:
 
 
 def log_path(room: Room, variant: str, cuda: bool) -> Path:
+    """A new log ``<room>/.git/dcaforge/logs/build-<variant>[-cuda]-<time>.log``; the oldest of its kind go so that
+    :data:`LOGS_KEPT` remain with it."""
     logs = room.meta / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     prefix = f"build-{variant}{'-cuda' if cuda else ''}"
@@ -80,6 +82,8 @@ def log_path(room: Room, variant: str, cuda: bool) -> Path:
 
 
 class Runner:
+    """Runs a build's commands one after the other into one log (:meth:`__call__`), keeping their steps."""
+
     def __init__(self, log: Path, hooks: BuildHooks, env: dict[str, str]) -> None:
         self.log, self.hooks, self.env = log, hooks, env
         self.steps: list[Step] = []
