@@ -16,7 +16,7 @@ the build would compile and link.
   flags are what :func:`nvcc_compile_args` reuses to compile single translation units with the real nvcc.
 
 Both run code of the tree (make evaluates the Makefile's ``$(shell ...)`` even under ``-n``), so
-:func:`dcaforge.builder.build.dry_run` runs them only with the user's consent.
+:func:`dcaforge.builder.plan_llamafile.dry_run` runs them only with the user's consent.
 - :func:`host_compile_args`: a cosmocc compile command as the host's gcc/g++ takes it (cosmocc's
   own flags such as ``-mcosmo`` dropped), to compile a translation unit with the dry run's flags.
 
@@ -262,24 +262,24 @@ def script_dry_run(tree: Path, script: str, args: list[str], scratch: Path,
 def nvcc_compile_args(call: list[str], source: str, obj: str) -> list[str]:
     """The flags of one recorded nvcc call, for compiling ``source`` alone into ``obj``: the same
     options, without its sources, output, libraries and ``--shared``."""
+    out = [a for a in _without_output(call)
+           if a not in ("--shared", "-shared") and not (a.endswith(".cu") and not a.startswith("-"))
+           and not (a.startswith("-l") or a.endswith((".o", ".a", ".so")) and not a.startswith("-"))]
+    return [*out, "-c", source, "-o", obj]
+
+
+def _without_output(argv: list[str]) -> list[str]:
+    """``argv`` without ``-o`` and the argument after it."""
     out: list[str] = []
     skip = False
-    for i, a in enumerate(call):
+    for a in argv:
         if skip:
             skip = False
-            continue
-        if a == "-o":
+        elif a == "-o":
             skip = True
-            continue
-        if a in ("--shared", "-shared") or a.endswith(".cu") and not a.startswith("-"):
-            continue
-        if a.startswith("-l") or a.endswith((".o", ".a", ".so")) and not a.startswith("-"):
-            continue
-        if a == "-l" and i + 1 < len(call):
-            skip = True
-            continue
-        out.append(a)
-    return [*out, "-c", source, "-o", obj]
+        else:
+            out.append(a)
+    return out
 
 
 # --- cosmocc commands for the host compiler -------------------------------------------------
@@ -292,16 +292,6 @@ def host_compile_args(cmd: Command, source: str, obj: str) -> list[str]:
     """A cosmocc compile command as gcc/g++ takes it: cosmocc's own options and its ``-X<arch>-...``
     per-architecture options left out, the output moved to ``obj``."""
     cxx = source.endswith((".cpp", ".cc")) or os.path.basename(cmd.argv[0]).endswith("c++")
-    out = ["g++" if cxx else "gcc"]
-    skip = False
-    for a in cmd.argv[1:]:
-        if skip:
-            skip = False
-            continue
-        if a == "-o":
-            skip = True
-            continue
-        if a in _COSMO_ONLY or a.startswith(("-Xx86_64", "-Xaarch64")) or a == source:
-            continue
-        out.append(a)
-    return [*out, "-o", obj, source]
+    flags = [a for a in _without_output(cmd.argv[1:])
+             if a not in _COSMO_ONLY and not a.startswith(("-Xx86_64", "-Xaarch64")) and a != source]
+    return ["g++" if cxx else "gcc", *flags, "-o", obj, source]

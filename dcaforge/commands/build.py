@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.progress import Progress
 
-from dcaforge.builder.build import BuildHooks, cmake_plan, dry_run
+from dcaforge.builder.build import BuildHooks, BuildResult, CmakePlan, DryRunReport, cmake_plan, dry_run
 from dcaforge.builder.build import Progress as BuildProgress
 from dcaforge.builder.build import build as do_build
 from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, pasteable, print_json, progress_bar, shorten
@@ -49,7 +49,7 @@ def build(
         _dry_run(config, cuda, targets, as_json, trust)
         return
     cfg = load(config)
-    tgts = [t for group in (targets or []) for t in group.split()]
+    tgts = _split(targets)
     what = "baseline" if baseline else "clean room"
     err.print(f"[bold]dcaforge build[/] {what} ({cfg.build.backend}{', cuda' if cuda else ''}) {escape(str(cfg.room))}",
               markup=True)
@@ -61,6 +61,16 @@ def build(
     if as_json:
         print_json("build", res, compiled=res.compiled, bin_dir=res.bin_dir)
         return
+    _print_result(res)
+
+
+def _split(targets: list[str] | None) -> list[str]:
+    """``--targets`` given as several options or one space-separated list (or both)."""
+    return [t for group in (targets or []) for t in group.split()]
+
+
+def _print_result(res: BuildResult) -> None:
+    """What was built: each step, where the tree, outputs and log are, the programs and what to run next."""
     for s in res.steps:
         if s.skipped:
             out.print(f"{s.what:<10} up to date")
@@ -105,7 +115,7 @@ def _progress() -> tuple[Progress, BuildHooks]:
 
 def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json: bool, trust: bool) -> None:
     cfg = load(config)
-    tgts = [t for group in (targets or []) for t in group.split()]
+    tgts = _split(targets)
     if cfg.build.backend == "cmake":
         _cmake_plan(cfg, cuda, tgts, as_json, trust)
         return
@@ -113,9 +123,7 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json
     wiring = rep.wiring
     assert isinstance(wiring, WiringReport)
     if as_json:
-        print_json("build", rep, dry_run=True, ok=rep.ok, problems=rep.problems)
-        if not rep.ok:
-            raise typer.Exit(EXIT_MISMATCH)
+        _print_plan_json(rep, rep.ok, problems=rep.problems)
         return
     print_wiring(wiring)
     out.print(f"make -n: {' '.join(rep.make_argv)}", markup=False)
@@ -143,6 +151,13 @@ def _dry_run(config: Path | None, cuda: bool, targets: list[str] | None, as_json
     out.print("ok: every file the feature adds is compiled and linked (dry run; nothing was built)")
 
 
+def _print_plan_json(plan: CmakePlan | DryRunReport, ok: bool, **extra: object) -> None:
+    """A dry run's --json: the plan with ``dry_run`` and ``ok`` (and ``extra``); exit 3 when it is not ok."""
+    print_json("build", plan, dry_run=True, ok=ok, **extra)
+    if not ok:
+        raise typer.Exit(EXIT_MISMATCH)
+
+
 def _cmake_plan(cfg: Config, cuda: bool, tgts: list[str], as_json: bool, trust: bool) -> None:
     err.print(f"[bold]dcaforge build --dry-run[/] (cmake{', cuda' if cuda else ''}: configure only, into a scratch "
               f"folder) {escape(str(cfg.room))}", markup=True)
@@ -152,9 +167,7 @@ def _cmake_plan(cfg: Config, cuda: bool, tgts: list[str], as_json: bool, trust: 
     wiring = plan.wiring
     assert isinstance(wiring, WiringReport)
     if as_json:
-        print_json("build", plan, dry_run=True, ok=plan.ok)
-        if not plan.ok:
-            raise typer.Exit(EXIT_MISMATCH)
+        _print_plan_json(plan, plan.ok)
         return
     print_wiring(wiring)
     out.print(f"configure: {shlex.join(plan.configure)}", markup=False)

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dcaforge.builder import build as bmod
+from dcaforge.builder import toolchain
 from dcaforge.builder.build import Progress, first_error, parse_progress
 from dcaforge.cli import app
 from dcaforge.config import parse_config
@@ -232,7 +233,7 @@ def test_missing_ninja_and_cmake_and_nvcc_say_how_to_get_them(tmp_path: Path, mo
     assert "cmake is not installed" in ei.value.message and "pip install cmake" in (ei.value.hint or "")
     monkeypatch.setenv("PATH", _path_with(tmp_path, ["git", "cmake", "ninja", "gcc", "cc"]))
     monkeypatch.delenv("CUDACXX", raising=False)
-    monkeypatch.setattr(bmod, "CUDA_NVCC", str(tmp_path / "no-cuda" / "nvcc"))
+    monkeypatch.setattr(toolchain, "CUDA_NVCC", str(tmp_path / "no-cuda" / "nvcc"))
     with pytest.raises(ToolchainError) as ei:
         bmod.build(cfg, cuda=True, jobs=1)
     assert "nvcc" in ei.value.message and "CUDA toolkit" in (ei.value.hint or "")
