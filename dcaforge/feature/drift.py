@@ -30,8 +30,9 @@ from pathlib import Path
 from dcaforge import guard
 from dcaforge.config import Config, PypiSource, is_requirement
 from dcaforge.errors import ConfigError, DcaforgeError
+from dcaforge.feature.anchors import anchor_literal, closest_lines
 from dcaforge.feature.manifest import load_manifest
-from dcaforge.feature.render import EditReport, anchor_literal, closest_lines, plan
+from dcaforge.feature.plan import EditReport, plan
 from dcaforge.feature.wiring import WiringReport, check_wiring
 from dcaforge.room.cleanroom import BASELINE_TAG, Room
 from dcaforge.room.source import prepare_pypi

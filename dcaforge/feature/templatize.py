@@ -37,9 +37,11 @@ import yaml
 from dcaforge import confine, guard
 from dcaforge.config import Config, is_packaged, read_only_default
 from dcaforge.errors import DcaforgeError, SafetyError
+from dcaforge.feature.anchors import apply_edit, find_anchor
 from dcaforge.feature.bookkeeping import check_outside_trees
+from dcaforge.feature.context import render_template
 from dcaforge.feature.manifest import EditSpec, Manifest, load_manifest, manifest_digest
-from dcaforge.feature.render import apply_edit, find_anchor, plan, render_template
+from dcaforge.feature.plan import plan
 from dcaforge.git import git, run
 from dcaforge.room.cleanroom import BASELINE_TAG, Room, locked, write_all_atomic
 from dcaforge.room.trees import GitTree, Tree, baseline_commit, changed_paths, tree_of, worktree_tree
