@@ -25,7 +25,8 @@ from typing import Any
 import jinja2
 
 from dcaforge import confine, sandbox
-from dcaforge.config import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc, Config, GitSource
+from dcaforge.config import Config, GitSource
+from dcaforge.configsections import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 from dcaforge.git import inspect_checkout, is_inside
 from dcaforge.room.cleanroom import Room, write_all_atomic

@@ -32,7 +32,8 @@ from typing import Any
 
 from dcaforge import guard, ruler
 from dcaforge.build.build import baseline_path
-from dcaforge.config import Config, GateConfig
+from dcaforge.config import Config
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.plot import plot
 from dcaforge.gate.server import HttpError, LlamaServer
