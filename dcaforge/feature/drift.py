@@ -107,14 +107,19 @@ class CheckResult:
 
 
 
+def folder_tree(tree_dir: Path) -> tuple[Tree, str]:
+    """A llama.cpp tree given as a folder (``--tree DIR``), and its label."""
+    if not tree_dir.is_dir():
+        raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
+    return DirTree(tree_dir), str(tree_dir)
+
+
 def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
     """``dcaforge render --check``: which edits fit the baseline (or ``tree_dir``); writes nothing."""
     manifest = load_manifest(cfg.feature.templates)
     tree: Tree
     if tree_dir is not None:
-        if not tree_dir.is_dir():
-            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
-        tree, label = DirTree(tree_dir), str(tree_dir)
+        tree, label = folder_tree(tree_dir)
     else:
         room = Room.of(cfg)
         room.require()
@@ -259,9 +264,7 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
     flat = dataclasses.replace(cfg, llama_cpp_dir=".")  # a llama.cpp tree itself, whatever the config's layout
     tree: Tree
     if tree_dir is not None:
-        if not tree_dir.is_dir():
-            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
-        tree, label = DirTree(tree_dir), str(tree_dir)
+        tree, label = folder_tree(tree_dir)
     else:
         req = sdist_requirement(sdist or "", trust)
         base = prepare_pypi(PypiSource(req, "vendor/llama.cpp"))
