@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcaforge import guard
-from dcaforge.config import BUILTIN_CONFIG, BootstrapStep, Config, PypiSource, parse_config
+from dcaforge.config import BUILTIN_CONFIG, Config, PypiSource, parse_config
+from dcaforge.configsections import BootstrapStep
 from dcaforge.errors import ConfigError, DcaforgeError
 from dcaforge.yamlio import Reader, load_yaml
 

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dcaforge import ruler
-from dcaforge.config import GATE_OPTIONS, GateConfig
+from dcaforge.configsections import GATE_OPTIONS, GateConfig
 from dcaforge.errors import DcaforgeError
 from dcaforge.gate.gate import points_table
 from dcaforge.gate.ggufmeta import gguf_metadata

@@ -13,7 +13,7 @@ from dcaforge.commands.common import ConfigOpt, JsonOpt, call, err, load, out, p
 from dcaforge.errors import EXIT_MISMATCH
 from dcaforge.feature.drift import Misfit, canary
 from dcaforge.feature.drift import check as do_check
-from dcaforge.feature.render import EditReport
+from dcaforge.feature.plan import EditReport
 from dcaforge.feature.render import render as do_render
 from dcaforge.feature.wiring import WiringReport
 

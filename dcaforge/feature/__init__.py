@@ -5,4 +5,4 @@ and capture's bookkeeping rows (Jinja lines rendered in the sandbox).
 The wing's front: the modules that code outside the wing may import (docs/development.md, "The wings");
 the others are the wing's inside. tests/core/test_structure.py reads FRONT without importing anything."""
 
-FRONT = ("render", "manifest", "wiring", "drift", "templatize", "bookkeeping")
+FRONT = ("render", "plan", "manifest", "wiring", "drift", "templatize", "bookkeeping")

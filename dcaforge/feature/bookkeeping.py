@@ -25,7 +25,8 @@ from typing import Any
 import jinja2
 
 from dcaforge import confine, sandbox
-from dcaforge.config import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc, Config, GitSource
+from dcaforge.config import Config, GitSource
+from dcaforge.configsections import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 from dcaforge.git import inspect_checkout, is_inside
 from dcaforge.room.cleanroom import Room, write_all_atomic
@@ -251,6 +252,15 @@ def _set_line(lines: list[str], i: int, text: str) -> tuple[str, int]:
     return "updated", i + 1
 
 
+def _set_the_one(lines: list[str], same: list[int], text: str, doc: BookkeepingDoc, what: str, question: str,
+                 hint: str) -> tuple[str, int] | None:
+    """The one line of ``same`` set to ``text`` (None when there is none); two or more are an error naming them."""
+    if len(same) > 1:
+        raise DcaforgeError(f"{len(same)} {what} (lines {', '.join(str(i + 1) for i in same)}): {question}",
+                            where=f"{doc.file}:{same[0] + 1}", hint=hint)
+    return _set_line(lines, same[0], text) if same else None
+
+
 def _upsert_row(lines: list[str], doc: BookkeepingDoc, row: str, number: int) -> tuple[str, int]:
     start, end = _section(lines, doc.section, doc, "series_readme")
     table = _table(lines, start + 1, end)
@@ -260,12 +270,10 @@ def _upsert_row(lines: list[str], doc: BookkeepingDoc, row: str, number: int) ->
                             hint="add a table under the heading, e.g.\n  | patch | what | marker |\n  |---|---|---|")
     first, past = table[0] + 2, table[1]
     same = [i for i in range(first, past) if row_number(lines[i]) == number]
-    if len(same) > 1:
-        raise DcaforgeError(f"{len(same)} rows for {number:04d} in {doc.file} (lines "
-                            f"{', '.join(str(i + 1) for i in same)}): which one is the patch's?",
-                            where=f"{doc.file}:{same[0] + 1}", hint="delete the extra rows, then capture again")
-    if same:
-        return _set_line(lines, same[0], row)
+    done = _set_the_one(lines, same, row, doc, f"rows for {number:04d} in {doc.file}", "which one is the patch's?",
+                        hint="delete the extra rows, then capture again")
+    if done is not None:
+        return done
     at = past
     for i in range(first, past):
         n = row_number(lines[i])
@@ -284,12 +292,10 @@ def _upsert_entry(lines: list[str], doc: BookkeepingDoc, entry: str, marker: str
     start, end = _section(lines, doc.section, doc, "upstream_sync")
     same = [i for i in range(start + 1, end)
             if (lines[i].lstrip().startswith("|") or _BULLET.match(lines[i])) and _has_marker(lines[i], marker)]
-    if len(same) > 1:
-        raise DcaforgeError(f"{len(same)} entries for the marker {marker!r} in the section {doc.section!r} of "
-                            f"{doc.file} (lines {', '.join(str(i + 1) for i in same)}): which one is it?",
-                            where=f"{doc.file}:{same[0] + 1}", hint="merge them into one, then capture again")
-    if same:
-        return _set_line(lines, same[0], entry)
+    done = _set_the_one(lines, same, entry, doc, f"entries for the marker {marker!r} in the section {doc.section!r} of "
+                        f"{doc.file}", "which one is it?", hint="merge them into one, then capture again")
+    if done is not None:
+        return done
     if entry.lstrip().startswith("|"):
         table = _table(lines, start + 1, end)
         if table is None:

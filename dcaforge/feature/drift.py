@@ -30,8 +30,9 @@ from pathlib import Path
 from dcaforge import guard
 from dcaforge.config import Config, PypiSource, is_requirement
 from dcaforge.errors import ConfigError, DcaforgeError
+from dcaforge.feature.anchors import anchor_literal, closest_lines
 from dcaforge.feature.manifest import load_manifest
-from dcaforge.feature.render import EditReport, anchor_literal, closest_lines, plan
+from dcaforge.feature.plan import EditReport, plan
 from dcaforge.feature.wiring import WiringReport, check_wiring
 from dcaforge.room.cleanroom import BASELINE_TAG, Room
 from dcaforge.room.source import prepare_pypi
@@ -106,14 +107,19 @@ class CheckResult:
 
 
 
+def folder_tree(tree_dir: Path) -> tuple[Tree, str]:
+    """A llama.cpp tree given as a folder (``--tree DIR``), and its label."""
+    if not tree_dir.is_dir():
+        raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
+    return DirTree(tree_dir), str(tree_dir)
+
+
 def check(cfg: Config, tree_dir: Path | None = None) -> CheckResult:
     """``dcaforge render --check``: which edits fit the baseline (or ``tree_dir``); writes nothing."""
     manifest = load_manifest(cfg.feature.templates)
     tree: Tree
     if tree_dir is not None:
-        if not tree_dir.is_dir():
-            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
-        tree, label = DirTree(tree_dir), str(tree_dir)
+        tree, label = folder_tree(tree_dir)
     else:
         room = Room.of(cfg)
         room.require()
@@ -258,9 +264,7 @@ def canary(cfg: Config, *, tree_dir: Path | None = None, sdist: str | None = Non
     flat = dataclasses.replace(cfg, llama_cpp_dir=".")  # a llama.cpp tree itself, whatever the config's layout
     tree: Tree
     if tree_dir is not None:
-        if not tree_dir.is_dir():
-            raise DcaforgeError(f"not a folder: {tree_dir}", where=str(tree_dir))
-        tree, label = DirTree(tree_dir), str(tree_dir)
+        tree, label = folder_tree(tree_dir)
     else:
         req = sdist_requirement(sdist or "", trust)
         base = prepare_pypi(PypiSource(req, "vendor/llama.cpp"))

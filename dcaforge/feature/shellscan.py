@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dcaforge.feature.shelltokens import Token, tokens
+
 #: How deep ``source`` is followed and how many words one expansion may give.
 MAX_DEPTH = 8
 MAX_EXPANSIONS = 64
@@ -60,12 +62,6 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-@dataclass(frozen=True)
-class Token:
-    line: int
-    text: str   # quotes removed, except inside $( )
-    raw: str
-
 
 @dataclass(frozen=True)
 class Word:
@@ -76,170 +72,6 @@ class Word:
     value: str
     source: str  # the word as written (quotes removed)
 
-
-#: how deep ``$(`` and ``"`` may nest before the rest of the file is taken as one piece (a hostile script)
-MAX_NESTING = 64
-
-
-def _subst_end(text: str, i: int, depth_in: int = 0) -> int:
-    """The index after the ``)`` closing a ``$(`` whose body starts at ``i`` (quotes, escapes and
-    nested substitutions skipped)."""
-    n = len(text)
-    if depth_in > MAX_NESTING:
-        return n
-    depth = 1
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'":
-            j = text.find("'", i + 1)
-            i = j + 1 if j >= 0 else n
-            continue
-        if c == '"':
-            i = _dq_end(text, i + 1, depth_in + 1)
-            continue
-        if text.startswith("$(", i):
-            i = _subst_end(text, i + 2, depth_in + 1)
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return n
-
-
-def _dq_end(text: str, i: int, depth_in: int = 0) -> int:
-    """The index after the ``"`` closing a double-quoted string whose body starts at ``i``."""
-    n = len(text)
-    if depth_in > MAX_NESTING:
-        return n
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == '"':
-            return i + 1
-        if text.startswith("$(", i):
-            i = _subst_end(text, i + 2, depth_in + 1)
-            continue
-        i += 1
-    return n
-
-
-def _tokens(text: str) -> list[list[Token]]:
-    """The script's simple commands (split at unquoted newlines, ``;``, ``|``, ``&``), each a list of
-    words with their line; quotes removed (kept inside ``$(...)``, which stays one piece), a
-    backslash-newline joins lines, comments dropped."""
-    commands: list[list[Token]] = []
-    cur: list[Token] = []
-    buf: list[str] = []
-    raw: list[str] = []
-    line = 1
-    start = 1
-    i = 0
-    quote = ""
-
-    def flush() -> None:
-        nonlocal buf, raw
-        if buf or raw:
-            cur.append(Token(start, "".join(buf), "".join(raw)))
-        buf, raw = [], []
-
-    def end_command() -> None:
-        nonlocal cur
-        flush()
-        if cur:
-            commands.append(cur)
-        cur = []
-
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if quote == "'":
-            if c == "'":
-                quote = ""
-            else:
-                buf.append(c)
-                line += c == "\n"
-            raw.append(c)
-            i += 1
-            continue
-        if c == "\\" and i + 1 < n:
-            if text[i + 1] == "\n":  # a continuation: inside quotes kept as a newline (words keep their lines)
-                line += 1
-                if quote:
-                    buf.append("\n")
-                    raw.append("\n")
-                else:
-                    flush()
-                i += 2
-                continue
-            if not buf and not raw:
-                start = line
-            buf.append(text[i + 1] if not quote or text[i + 1] in '"$`\\' else text[i:i + 2])
-            raw.append(text[i:i + 2])
-            i += 2
-            continue
-        if text.startswith("$(", i):
-            if not buf and not raw:
-                start = line
-            j = _subst_end(text, i + 2)
-            buf.append(text[i:j])
-            raw.append(text[i:j])
-            line += text.count("\n", i, j)
-            i = j
-            continue
-        if quote == '"':
-            if c == '"':
-                quote = ""
-            else:
-                buf.append(c)
-                line += c == "\n"
-            raw.append(c)
-            i += 1
-            continue
-        if c == "\n":
-            end_command()
-            line += 1
-            i += 1
-            continue
-        if c in " \t":
-            flush()
-            i += 1
-            continue
-        if c in ";|&":
-            end_command()
-            i += 1
-            continue
-        if c == "#" and not buf and not raw:
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        if not buf and not raw:
-            start = line
-        if c in "'\"":
-            quote = c
-            raw.append(c)
-            i += 1
-            continue
-        if c in "()":
-            flush()
-            if text.startswith("()", i):  # a function definition: name () {
-                cur.append(Token(line, "()", "()"))
-                i += 1
-            i += 1
-            continue
-        buf.append(c)
-        raw.append(c)
-        i += 1
-    end_command()
-    return commands
 
 
 @dataclass
@@ -359,7 +191,7 @@ def scan(read: Callable[[str], str | None], script: str) -> Scan | None:
         return None
     result = Scan(script=script)
     scope = _Scope()
-    parsed: list[tuple[str, list[tuple[str | None, list[Token]]]]] = []
+    parsed: list[tuple[str, list[_Command]]] = []
     todo = [(script, text, 0)]
     seen: set[str] = set()
     while todo:
@@ -368,86 +200,117 @@ def scan(read: Callable[[str], str | None], script: str) -> Scan | None:
             continue
         seen.add(rel)
         result.files.append(rel)
-        folder = posixpath.dirname(rel)
-        cmds: list[tuple[str | None, list[Token]]] = []
-        func: str | None = None
-        brace = 0
-        for cmd in _tokens(body):
-            words = [t.text for t in cmd]
-            name = None
-            if words[0] == "function" and len(words) >= 2 and _FUNC_NAME.match(words[1]):
-                name, rest = words[1], words[2:]
-            elif len(words) >= 2 and words[1] == "()" and _FUNC_NAME.match(words[0]):
-                name, rest = words[0], words[2:]
-            if name is not None and rest in ([], ["{"], ["()"], ["()", "{"]):
-                func = name
-                brace = 1 if "{" in rest else 0
-                scope.params.setdefault(func, {})
-                continue
-            if func is not None:
-                if words == ["{"]:
-                    brace += 1
-                    continue
-                if words == ["}"]:
-                    brace -= 1
-                    if brace <= 0:
-                        func = None
-                    continue
-            cmds.append((func, cmd))
-            k = 1 if words[0] in _KEYWORDS else 0
-            while k < len(words) and words[k].startswith("-") and words[0] in _KEYWORDS:
-                k += 1
-            for tok in words[k:]:
-                am = _ASSIGN.match(tok)
-                if not am:
-                    break
-                name, value = am.group(1), am.group(2)
-                pm = re.fullmatch(r"\$\{?([0-9])\}?", value.strip())
-                if func is not None and pm:
-                    scope.params[func][name] = int(pm.group(1))
-                    continue
-                sd = _script_dir_value(value, folder)
-                scope.values.setdefault(name, set()).add(sd if sd is not None else value)
+        cmds = _read_commands(body, scope, posixpath.dirname(rel))
         parsed.append((rel, cmds))
-        # the files it sources (expanded with what is known so far)
-        for _func, cmd in cmds:
-            if cmd[0].text in ("source", ".") and len(cmd) > 1 and depth < MAX_DEPTH:
-                for target in _expand(cmd[1].text, scope, None):
-                    target = _norm(target)
-                    if target.startswith(("/", "../", "-")) or target in ("", ".", "..") or "\0" in target:
-                        continue  # only files of the tree are read
-                    sub = read(target)
-                    if sub is not None:
-                        todo.append((target, sub, depth + 1))
-    # function calls: their arguments, for the functions' $1...
+        if depth < MAX_DEPTH:
+            todo.extend((target, sub, depth + 1) for target, sub in _sourced(cmds, scope, read))
+    _pass_arguments(parsed, scope)
+    result.words = [w for rel, cmds in parsed for w in _words(rel, cmds, scope)]
+    return result
+
+
+_Command = tuple[str | None, list[Token]]  # (the function it is in or None, its words)
+
+
+def _read_commands(body: str, scope: _Scope, folder: str) -> list[_Command]:
+    """A file's commands, each with the function it is in; function definitions and assignments recorded
+    in ``scope`` (``folder``: the file's own, for ``SCRIPT_DIR=...``)."""
+    cmds: list[_Command] = []
+    func: str | None = None
+    brace = 0
+    for cmd in tokens(body):
+        words = [t.text for t in cmd]
+        name = None
+        if words[0] == "function" and len(words) >= 2 and _FUNC_NAME.match(words[1]):
+            name, rest = words[1], words[2:]
+        elif len(words) >= 2 and words[1] == "()" and _FUNC_NAME.match(words[0]):
+            name, rest = words[0], words[2:]
+        if name is not None and rest in ([], ["{"], ["()"], ["()", "{"]):
+            func = name
+            brace = 1 if "{" in rest else 0
+            scope.params.setdefault(func, {})
+            continue
+        if func is not None:
+            if words == ["{"]:
+                brace += 1
+                continue
+            if words == ["}"]:
+                brace -= 1
+                if brace <= 0:
+                    func = None
+                continue
+        cmds.append((func, cmd))
+        _assign(words, func, scope, folder)
+    return cmds
+
+
+def _assign(words: list[str], func: str | None, scope: _Scope, folder: str) -> None:
+    """The assignments a command makes (after ``local``, ``export`` ... and their options): a value for the
+    variable, or (in a function) the ``$N`` a local takes."""
+    k = 1 if words[0] in _KEYWORDS else 0
+    while k < len(words) and words[k].startswith("-") and words[0] in _KEYWORDS:
+        k += 1
+    for tok in words[k:]:
+        am = _ASSIGN.match(tok)
+        if not am:
+            break
+        name, value = am.group(1), am.group(2)
+        pm = re.fullmatch(r"\$\{?([0-9])\}?", value.strip())
+        if func is not None and pm:
+            scope.params[func][name] = int(pm.group(1))
+            continue
+        sd = _script_dir_value(value, folder)
+        scope.values.setdefault(name, set()).add(sd if sd is not None else value)
+
+
+def _sourced(cmds: list[_Command], scope: _Scope, read: Callable[[str], str | None]) -> list[tuple[str, str]]:
+    """The files the commands source (expanded with what is known so far), with their text: only files of the tree."""
+    out: list[tuple[str, str]] = []
+    for _func, cmd in cmds:
+        if cmd[0].text in ("source", ".") and len(cmd) > 1:
+            for target in _expand(cmd[1].text, scope, None):
+                target = _norm(target)
+                if target.startswith(("/", "../", "-")) or target in ("", ".", "..") or "\0" in target:
+                    continue  # only files of the tree are read
+                sub = read(target)
+                if sub is not None:
+                    out.append((target, sub))
+    return out
+
+
+def _pass_arguments(parsed: list[tuple[str, list[_Command]]], scope: _Scope) -> None:
+    """Function calls: their arguments, for the functions' $1...; a function's locals that take $N get the
+    values of each call's argument N."""
     functions = set(scope.params)
     for _rel, cmds in parsed:
         for _func, cmd in cmds:
             if cmd[0].text in functions:
                 scope.calls.setdefault(cmd[0].text, []).append([t.text for t in cmd[1:]])
-    # a function's locals that take $N get the values of each call's argument N
     for _round in range(3):  # calls inside functions pass values on
         for fname, params in scope.params.items():
             for var, k in params.items():
                 for args in scope.calls.get(fname, []):
                     if 0 < k <= len(args):
                         scope.values.setdefault(var, set()).update(_expand(args[k - 1], scope, None))
-    # resolve the values of the variables themselves (a value naming another variable)
-    for rel, cmds in parsed:
-        for func, cmd in cmds:
-            positional = scope.calls.get(func or "", []) if func else None
-            for token in cmd:
-                body = token.text
-                sub_cmd = body.startswith("$(") and body.endswith(")")
-                if sub_cmd:  # a command substitution: its words (quotes left inside it dropped)
-                    body = body[2:-1].replace('"', " ").replace("'", " ")
-                for k, piece in enumerate(body.split("\n")):
-                    for sub in piece.split():
-                        am = _ASSIGN.match(sub)
-                        src = am.group(2) if am else sub
-                        if not src or src.startswith("$(") and _script_dir_value(src, "") is not None:
-                            continue
-                        for v in _expand(src, scope, positional):
-                            for part in v.split():
-                                result.words.append(Word(rel, token.line + k, _norm(part), src))
-    return result
+
+
+def _words(rel: str, cmds: list[_Command], scope: _Scope) -> list[Word]:
+    """Every word of a file's commands, expanded (a value naming another variable resolved too)."""
+    out: list[Word] = []
+    for func, cmd in cmds:
+        positional = scope.calls.get(func or "", []) if func else None
+        for token in cmd:
+            body = token.text
+            sub_cmd = body.startswith("$(") and body.endswith(")")
+            if sub_cmd:  # a command substitution: its words (quotes left inside it dropped)
+                body = body[2:-1].replace('"', " ").replace("'", " ")
+            for k, piece in enumerate(body.split("\n")):
+                for sub in piece.split():
+                    am = _ASSIGN.match(sub)
+                    src = am.group(2) if am else sub
+                    if not src or src.startswith("$(") and _script_dir_value(src, "") is not None:
+                        continue
+                    for v in _expand(src, scope, positional):
+                        for part in v.split():
+                            out.append(Word(rel, token.line + k, _norm(part), src))
+    return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,27 +130,29 @@ def _logical_lines(text: str) -> Iterable[tuple[int, str, bool]]:
         yield start + 1, line, recipe
 
 
-def _strip_comment(line: str) -> str:
+def _outside_brackets(line: str) -> Iterator[tuple[int, str]]:
+    """Each character of a make line (with its index) outside (...) and {...}, the brackets left out."""
     depth = 0
     for k, c in enumerate(line):
         if c in "({":
             depth += 1
         elif c in ")}":
             depth = max(0, depth - 1)
-        elif c == "#" and depth == 0 and (k == 0 or line[k - 1] != "\\"):
+        elif depth == 0:
+            yield k, c
+
+
+def _strip_comment(line: str) -> str:
+    for k, c in _outside_brackets(line):
+        if c == "#" and (k == 0 or line[k - 1] != "\\"):
             return line[:k]
     return line
 
 
 def _split_rule(line: str) -> tuple[str, str] | None:
     """``targets: prereqs`` split at the first ':' outside $(...), or None."""
-    depth = 0
-    for k, c in enumerate(line):
-        if c in "({":
-            depth += 1
-        elif c in ")}":
-            depth = max(0, depth - 1)
-        elif c == ":" and depth == 0:
+    for k, c in _outside_brackets(line):
+        if c == ":":
             rest = line[k + 1:]
             if rest.startswith("="):
                 return None
@@ -159,17 +161,23 @@ def _split_rule(line: str) -> tuple[str, str] | None:
     return None
 
 
+def _each_once(todo: list[str]) -> Iterator[str]:
+    """The items of ``todo`` in order, each once, including those appended to it meanwhile (a work list)."""
+    seen: set[str] = set()
+    while todo:
+        item = todo.pop(0)
+        if item in seen:
+            continue
+        seen.add(item)
+        yield item
+
+
 def read_make(view: Overlay, root: str = "Makefile") -> MakeDb:
     """The variables and rules of ``root`` and every make file it includes by a literal path
     (variables in an include path are not expanded: such includes are left out)."""
     db = MakeDb()
     todo = [root]
-    seen: set[str] = set()
-    while todo:
-        rel = todo.pop(0)
-        if rel in seen:
-            continue
-        seen.add(rel)
+    for rel in _each_once(todo):
         text = view.text(rel)
         if text is None:
             continue
@@ -248,12 +256,7 @@ def _reach(db: MakeDb, name: str) -> tuple[list[str], list[str]]:
     phony = {_norm_target(p) for r in db.rules if r.targets.strip() == ".PHONY" for p in r.prereqs.split()}
     finals: list[str] = []
     todo = list(dict.fromkeys(targets))
-    seen: set[str] = set()
-    while todo:
-        t = todo.pop(0)
-        if t in seen:
-            continue
-        seen.add(t)
+    for t in _each_once(todo):
         nt = _norm_target(t)
         if not nt.endswith((".o", "/")) and "$" not in nt and not nt.startswith(".") and nt not in phony:
             finals.append(nt)

@@ -12,7 +12,8 @@ from typing import Any
 
 from dcaforge import guard
 from dcaforge.builder.build import baseline_path
-from dcaforge.config import Config, GateConfig
+from dcaforge.config import Config
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.results import GateHooks
 from dcaforge.git import run

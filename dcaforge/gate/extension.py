@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcaforge.config import GateConfig
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.context import GateContext
 from dcaforge.gate.ggufmeta import gguf_metadata

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dcaforge.config import Config, GateConfig
+from dcaforge.config import Config
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.context import GateContext
 from dcaforge.gate.extension import gate_extension

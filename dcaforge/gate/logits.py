@@ -7,7 +7,7 @@ import math
 import struct
 from typing import Any
 
-from dcaforge.config import GateConfig
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.context import GateContext
 from dcaforge.gate.options import opt

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dcaforge.config import GateConfig
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.ggufmeta import gguf_metadata
 

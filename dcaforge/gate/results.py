@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcaforge.config import GateConfig
+from dcaforge.configsections import GateConfig
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dcaforge import ruler
-from dcaforge.config import GateConfig
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.context import GateContext
 from dcaforge.gate.options import METHOD_LABEL, gate_methods, method_flags, model_label, opt, trained_length

@@ -23,7 +23,8 @@ from dcaforge import confine
 from dcaforge.config import Config
 from dcaforge.errors import DcaforgeError, MismatchError
 from dcaforge.feature.manifest import load_manifest, manifest_digest
-from dcaforge.feature.render import hand_edited_files, plan
+from dcaforge.feature.plan import plan
+from dcaforge.feature.render import hand_edited_files
 from dcaforge.git import git, git_out, patch_cmd
 from dcaforge.patch.series import discover, series_record
 from dcaforge.patchfile import parse_patch

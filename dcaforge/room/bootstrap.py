@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcaforge import confine
-from dcaforge.config import BootstrapStep, Config
+from dcaforge.config import Config
+from dcaforge.configsections import BootstrapStep
 from dcaforge.errors import CommandError, ConfigError, MismatchError
 from dcaforge.git import CheckoutInfo, git, git_out, patch_cmd, run
 from dcaforge.patchfile import gnu_failure, gnu_names, load_patch, read_patch

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dcaforge import REPO_ROOT
-from dcaforge.config import BookkeepingDoc, parse_config
+from dcaforge.config import parse_config
+from dcaforge.configsections import BookkeepingDoc
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 from dcaforge.patch.capture import capture
 from dcaforge.patch.series import apply

@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dcaforge.cli import app
-from dcaforge.config import GateConfig, parse_config
+from dcaforge.config import parse_config
+from dcaforge.configsections import GateConfig
 from dcaforge.errors import GateError
 from dcaforge.gate.gate import points_table, run_gates
 from dcaforge.gate.ggufmeta import gguf_metadata

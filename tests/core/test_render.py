@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcaforge.errors import ConfigError, MismatchError
+from dcaforge.feature.anchors import anchor_literal, closest_lines
 from dcaforge.feature.drift import check
-from dcaforge.feature.render import anchor_literal, closest_lines, render
+from dcaforge.feature.render import render
 from dcaforge.patch.series import apply
 
 from .conftest import write_feature
@@ -325,7 +326,7 @@ static_assert(OP_COUNT == {{ n }}); {{ marker }}\\n"
         (other / "src").mkdir(parents=True)
         (other / "src/llama.cpp").write_text(f"int x;\nstatic_assert(OP_COUNT == {count});\n")
         from dcaforge.feature.manifest import load_manifest
-        from dcaforge.feature.render import plan
+        from dcaforge.feature.plan import plan
         from dcaforge.room.trees import DirTree
 
         out = plan(cfg, DirTree(other), load_manifest(cfg.feature.templates)).outputs["src/llama.cpp"][0].decode()

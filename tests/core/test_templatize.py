@@ -9,7 +9,8 @@ import pytest
 
 from dcaforge.errors import DcaforgeError
 from dcaforge.feature.manifest import load_manifest
-from dcaforge.feature.templatize import file_edits, templatize
+from dcaforge.feature.roomdiff import file_edits
+from dcaforge.feature.templatize import templatize
 from dcaforge.patch.capture import capture
 from dcaforge.patch.series import apply
 from dcaforge.patch.verify import verify

@@ -12,7 +12,7 @@ import pytest
 
 from dcaforge.errors import ConfigError
 from dcaforge.feature.manifest import load_manifest, manifest_digest
-from dcaforge.feature.render import plan
+from dcaforge.feature.plan import plan
 from dcaforge.room.trees import DirTree
 
 from .conftest import write_feature

@@ -10,7 +10,7 @@ from pathlib import Path
 from dcaforge.config import Config, parse_config
 from dcaforge.feature.drift import canary
 from dcaforge.feature.manifest import load_manifest
-from dcaforge.feature.render import plan
+from dcaforge.feature.plan import plan
 from dcaforge.feature.wiring import check_wiring
 from dcaforge.room.trees import DirTree
 
