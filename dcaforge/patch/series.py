@@ -26,7 +26,7 @@ from dcaforge.git import git, git_out, patch_cmd, status_porcelain
 from dcaforge.patchfile import NUMBERED, Failure, Patch, git_failure, gnu_failure, gnu_names, load_patch, numstat_names, preimage_blobs, read_patch
 from dcaforge.room.blame import TRAILER
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room, locked
-from dcaforge.room.source import prepare
+from dcaforge.room.source import BaseSource, prepare
 from dcaforge.room.start import bootstrap_record, can_reset, create, reset_to_start, submodules_record
 
 # --- discovery ------------------------------------------------------------------------
@@ -327,46 +327,12 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
     check_series(patches)
     room = Room.of(cfg)
     base = prepare(cfg, trust, hooks.on_download)
-    result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
-    if base.checkout is not None:
-        result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)
-        for sub in base.checkout.submodules_wip:
-            result.notes.append(f"the source's submodule {sub} has uncommitted files"
-                                + (" (--include-wip copies them)" if not include_wip else ""))
+    result = _new_result(room, base, patches, include_wip)
     with locked(room):
-        if room.exists() and room.is_ours():
-            try:
-                state = room.load_state()
-            except DcaforgeError:
-                if not fresh:
-                    raise
-                state = {}  # --fresh makes it again
-            if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
-                _refuse_to_discard(room, state)
-            if state.get("phase") == "resetting":
-                stage[0] = "resetting"
-                reset_to_start(room, state)
-                result.notes.append("finished an interrupted reset of the clean room to its start commit")
-            elif fresh and can_reset(cfg, state, base, include_wip):
-                # same base, bootstrap and no wip: back to the start commit, every other file
-                # (ignored ones included) removed; much faster than a new clone and checkout
-                stage[0] = "resetting"
-                reset_to_start(room, state)
-                result.notes.append("fresh: reset the clean room to its start commit")
-            elif fresh or state.get("phase") in (None, "creating"):
-                room.delete()
-            elif include_wip:
-                raise SafetyError("--include-wip only applies when the clean room is made",
-                                  where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
-        elif cont:
-            result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
-            cont = False
+        cont = _take_room(cfg, room, base, result, stage, fresh=fresh, cont=cont, include_wip=include_wip, force=force)
         if not room.is_ours():
             stage[0] = "creating"
-            made = create(cfg, room, base, include_wip=include_wip, trust=trust, on_step=hooks.on_step)
-            result.notes += made.notes
-            result.wip_included = made.wip_included
-            result.created = True
+            _make_room(cfg, room, base, result, include_wip=include_wip, trust=trust, hooks=hooks)
         stage[0] = "applying"
         state = room.load_state()
         result.start = state["start"]
@@ -375,18 +341,7 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
             cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
             result.notes.append("nothing to continue: the series is fully applied")
         names = applied_names(room.path)
-        if state.get("source") != base.description:
-            raise DcaforgeError(
-                f"the clean room was made from {state.get('source')}, the config now says {base.description}",
-                where=str(room.path), hint="`dcaforge apply --fresh`")
-        if state.get("bootstrap", []) != bootstrap_record(cfg) or \
-                state.get("submodules", submodules_record(base)) != submodules_record(base):
-            raise DcaforgeError(
-                "the clean room was made with other bootstrap steps or submodules than the config now has",
-                where=f"{room.path} (made with: {state.get('config')})",
-                hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
-                     "writes them into the feature's templates first)")
-
+        _check_made_alike(cfg, room, state, base)
         if phase == "applied" and not cont:
             if state.get("series") == series_record(patches):
                 result.skipped_to = len(patches)
@@ -394,61 +349,157 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
                 result.notes.append("series unchanged since the last apply")
                 stage[0] = "rendering"
                 return _finish(cfg, room, result, render, rebuilt=False)
-            hand = _dirty_beyond_render(room, state)
-            if hand:
-                raise SafetyError(
-                    f"the series changed, and the clean room has changes the last render did not make: "
-                    f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
-                    where=str(room.path),
-                    hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
-                         "again); `dcaforge apply --fresh --force` discards them")
-            room.update_state(phase="applying")
-            room.reset_hard(START_TAG)
-            names = []
-            result.notes.append("series changed: re-applied from the start")
+            names = _restart_series(room, state, result)
         elif phase in ("failed", "interrupted", "applying") and not cont:
-            at = (state.get("failed") or {}).get("patch") if phase == "failed" else None
-            raise DcaforgeError(
-                f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
-                f"({len(names)}/{len(patches)} patches applied)",
-                where=str(room.path),
-                hint="`dcaforge apply --continue` resumes from there; `dcaforge apply --fresh` starts over")
-
-        # names already applied must be a prefix of the series
-        if names != [p.name for p in patches[: len(names)]]:
-            raise DcaforgeError(
-                "the series changed under a half-applied clean room",
-                where=str(room.path),
-                details=f"applied: {', '.join(names[-3:]) or '(none)'}",
-                hint="`dcaforge apply --fresh`")
-        k = len(names)
-        if cont and phase == "failed" and k < len(patches):
-            changed = status_porcelain(room.path)
-            rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
-            if rejects:
-                raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
-                                    "nothing was committed", where=str(room.path), details="\n".join(rejects),
-                                    hint="apply their hunks by hand and delete the .rej files, then run "
-                                         "`dcaforge apply --continue` again")
-            if changed:
-                # the user resolved the failed patch by hand: commit it as that patch
-                git(room.path, "add", "-A", ".")
-                git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m",
-                    commit_message(patches[k], "resolved by hand"))
-                result.applied_now.append(patches[k].name)
-                result.methods[patches[k].name] = "resolved by hand"
-                k += 1
-        elif cont or phase in ("interrupted", "applying"):
-            room.reset_hard("HEAD")
-        result.skipped_to = k
-        room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
-        _apply_range(room, patches, k, result, hooks)
-        baseline = room.head()
-        git(room.path, "tag", "-f", BASELINE_TAG, baseline)
-        room.update_state(phase="applied", baseline=baseline)
-        result.baseline = baseline
+            raise _unfinished_error(room, state, names, patches)
+        k = _resume_point(room, patches, names, result, cont=cont, phase=phase)
+        _apply_series(room, patches, k, result, hooks)
         stage[0] = "rendering"
         return _finish(cfg, room, result, render, rebuilt=True)
+
+
+def _new_result(room: Room, base: BaseSource, patches: list[Patch], include_wip: bool) -> ApplyResult:
+    """The result as far as the source tells it: the checkout's uncommitted files left behind."""
+    result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
+    if base.checkout is not None:
+        result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)
+        for sub in base.checkout.submodules_wip:
+            result.notes.append(f"the source's submodule {sub} has uncommitted files"
+                                + (" (--include-wip copies them)" if not include_wip else ""))
+    return result
+
+
+def _take_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, stage: list[str], *, fresh: bool,
+               cont: bool, include_wip: bool, force: bool) -> bool:
+    """An existing room (called with it locked): an interrupted reset finished, ``--fresh`` resets or deletes it, a
+    room never finished is deleted. Returns ``cont``, turned off when there was no room to continue."""
+    if room.exists() and room.is_ours():
+        try:
+            state = room.load_state()
+        except DcaforgeError:
+            if not fresh:
+                raise
+            state = {}  # --fresh makes it again
+        if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
+            _refuse_to_discard(room, state)
+        if state.get("phase") == "resetting":
+            stage[0] = "resetting"
+            reset_to_start(room, state)
+            result.notes.append("finished an interrupted reset of the clean room to its start commit")
+        elif fresh and can_reset(cfg, state, base, include_wip):
+            # same base, bootstrap and no wip: back to the start commit, every other file
+            # (ignored ones included) removed; much faster than a new clone and checkout
+            stage[0] = "resetting"
+            reset_to_start(room, state)
+            result.notes.append("fresh: reset the clean room to its start commit")
+        elif fresh or state.get("phase") in (None, "creating"):
+            room.delete()
+        elif include_wip:
+            raise SafetyError("--include-wip only applies when the clean room is made",
+                              where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
+    elif cont:
+        result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
+        cont = False
+    return cont
+
+
+def _make_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, *, include_wip: bool, trust: bool,
+               hooks: ApplyHooks) -> None:
+    made = create(cfg, room, base, include_wip=include_wip, trust=trust, on_step=hooks.on_step)
+    result.notes += made.notes
+    result.wip_included = made.wip_included
+    result.created = True
+
+
+def _check_made_alike(cfg: Config, room: Room, state: dict[str, Any], base: BaseSource) -> None:
+    """The room must have been made from the source, bootstrap steps and submodules the config now names."""
+    if state.get("source") != base.description:
+        raise DcaforgeError(
+            f"the clean room was made from {state.get('source')}, the config now says {base.description}",
+            where=str(room.path), hint="`dcaforge apply --fresh`")
+    if state.get("bootstrap", []) != bootstrap_record(cfg) or \
+            state.get("submodules", submodules_record(base)) != submodules_record(base):
+        raise DcaforgeError(
+            "the clean room was made with other bootstrap steps or submodules than the config now has",
+            where=f"{room.path} (made with: {state.get('config')})",
+            hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
+                 "writes them into the feature's templates first)")
+
+
+def _restart_series(room: Room, state: dict[str, Any], result: ApplyResult) -> list[str]:
+    """The series changed under an applied room: back to the start (refused while it holds hand edits).
+    Returns the names now applied (none)."""
+    hand = _dirty_beyond_render(room, state)
+    if hand:
+        raise SafetyError(
+            f"the series changed, and the clean room has changes the last render did not make: "
+            f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
+            where=str(room.path),
+            hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
+                 "again); `dcaforge apply --fresh --force` discards them")
+    room.update_state(phase="applying")
+    room.reset_hard(START_TAG)
+    result.notes.append("series changed: re-applied from the start")
+    return []
+
+
+def _unfinished_error(room: Room, state: dict[str, Any], names: list[str], patches: list[Patch]) -> DcaforgeError:
+    """A previous apply stopped (failed or interrupted) and this one is not ``--continue``."""
+    at = (state.get("failed") or {}).get("patch") if state.get("phase") == "failed" else None
+    return DcaforgeError(
+        f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
+        f"({len(names)}/{len(patches)} patches applied)",
+        where=str(room.path),
+        hint="`dcaforge apply --continue` resumes from there; `dcaforge apply --fresh` starts over")
+
+
+def _resume_point(room: Room, patches: list[Patch], names: list[str], result: ApplyResult, *, cont: bool,
+                  phase: str | None) -> int:
+    """Where the series goes on: after the patches already applied (a prefix of the series), and after the one
+    that failed when ``--continue`` finds it resolved by hand; an interrupted room is reset to its last patch."""
+    if names != [p.name for p in patches[: len(names)]]:
+        raise DcaforgeError(
+            "the series changed under a half-applied clean room",
+            where=str(room.path),
+            details=f"applied: {', '.join(names[-3:]) or '(none)'}",
+            hint="`dcaforge apply --fresh`")
+    k = len(names)
+    if cont and phase == "failed" and k < len(patches):
+        if _commit_resolution(room, patches[k], result):
+            k += 1
+    elif cont or phase in ("interrupted", "applying"):
+        room.reset_hard("HEAD")
+    return k
+
+
+def _commit_resolution(room: Room, patch: Patch, result: ApplyResult) -> bool:
+    """``--continue`` after a failed patch: what the user changed in the room is committed as that patch
+    (refused while reject files are left). Returns whether there was anything to commit."""
+    changed = status_porcelain(room.path)
+    rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
+    if rejects:
+        raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
+                            "nothing was committed", where=str(room.path), details="\n".join(rejects),
+                            hint="apply their hunks by hand and delete the .rej files, then run "
+                                 "`dcaforge apply --continue` again")
+    if not changed:
+        return False
+    git(room.path, "add", "-A", ".")
+    git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m", commit_message(patch, "resolved by hand"))
+    result.applied_now.append(patch.name)
+    result.methods[patch.name] = "resolved by hand"
+    return True
+
+
+def _apply_series(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
+    """Apply patches[k:] and tag the baseline, recording each phase in the room's state."""
+    result.skipped_to = k
+    room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
+    _apply_range(room, patches, k, result, hooks)
+    baseline = room.head()
+    git(room.path, "tag", "-f", BASELINE_TAG, baseline)
+    room.update_state(phase="applied", baseline=baseline)
+    result.baseline = baseline
 
 
 def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
