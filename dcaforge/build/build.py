@@ -624,7 +624,7 @@ def require_wiring(cfg: Config, room: Room, tree: Path) -> None:
     that the build leaves out stops the build before anything runs."""
     from dcaforge.feature.wiring import check_room
 
-    rendered = sorted((room.load_state().get("rendered") or {}).keys())
+    rendered = sorted((room.load_state().rendered or {}).keys())
     base = rev_parse(room.path, BASELINE_TAG)
     if not rendered or base is None:
         return
@@ -724,7 +724,7 @@ def cmake_plan(cfg: Config, *, cuda: bool = False, targets: Sequence[str] | None
                                 where=str(room.path), hint="`dcaforge apply --continue`")
         state = check_whole(cfg, room, "nothing checked by the dry run", "`dcaforge build --dry-run`")
         tree = room.path
-        rendered = sorted((state.get("rendered") or {}).keys())
+        rendered = sorted((state.rendered or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)
         cmake = require_tool("cmake", HOW["cmake"])
         require_cmake_consent(cfg, trust)
@@ -867,7 +867,7 @@ def dry_run(cfg: Config, *, cuda: bool = False, programs: Sequence[str] | None =
         state = check_whole(cfg, room, "nothing checked by the dry run", "`dcaforge build --dry-run`")
         require_dry_run_consent(cfg, trust, cuda)  # everything checked that needs nothing run; now the consent
         tree = room.path
-        rendered = sorted((state.get("rendered") or {}).keys())
+        rendered = sorted((state.rendered or {}).keys())
         wiring = check_room(cfg, tree, base, rendered)
         scratch = room.meta / "dry-run"
         guard.remove_leftover(scratch, "the dry run's scratch folder")

@@ -28,6 +28,7 @@ from dcaforge.room.blame import TRAILER
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room, locked
 from dcaforge.room.source import BaseSource, prepare
 from dcaforge.room.start import bootstrap_record, can_reset, create, reset_to_start, submodules_record
+from dcaforge.room.state import Failed, Phase, RoomState
 
 # --- discovery ------------------------------------------------------------------------
 
@@ -250,12 +251,12 @@ def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way:
     )
 
 
-def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
+def _dirty_beyond_render(room: Room, state: RoomState) -> list[str]:
     """Changes in the room that the last render did not make (hand edits)."""
     return hand_edited_files(room, state)
 
 
-def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
+def _refuse_to_discard(room: Room, state: RoomState) -> None:
     """``--fresh`` without ``--force``: refuse when the room holds hand edits, naming every file."""
     try:
         hand = _dirty_beyond_render(room, state)
@@ -263,7 +264,7 @@ def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
         return  # a room git cannot read: --fresh is how it is made again
     if not hand:
         return
-    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.get("phase") == "applied" else
+    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.phase == Phase.APPLIED else
             "`dcaforge apply --continue` commits them as the patch that stopped")
     raise SafetyError(f"--fresh would discard {len(hand)} hand-edited file{'s' if len(hand) != 1 else ''} in the clean "
                       "room (changes the last render did not make); nothing was changed",
@@ -335,22 +336,22 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
             _make_room(cfg, room, base, result, include_wip=include_wip, trust=trust, hooks=hooks)
         stage[0] = "applying"
         state = room.load_state()
-        result.start = state["start"]
-        phase = state.get("phase")
-        if cont and phase == "applied":
+        result.start = _start_commit(room, state)
+        phase = state.phase
+        if cont and phase == Phase.APPLIED:
             cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
             result.notes.append("nothing to continue: the series is fully applied")
         names = applied_names(room.path)
         _check_made_alike(cfg, room, state, base)
-        if phase == "applied" and not cont:
-            if state.get("series") == series_record(patches):
+        if phase == Phase.APPLIED and not cont:
+            if state.series == series_record(patches):
                 result.skipped_to = len(patches)
-                result.baseline = state.get("baseline")
+                result.baseline = state.baseline
                 result.notes.append("series unchanged since the last apply")
                 stage[0] = "rendering"
                 return _finish(cfg, room, result, render, rebuilt=False)
             names = _restart_series(room, state, result)
-        elif phase in ("failed", "interrupted", "applying") and not cont:
+        elif phase in (Phase.FAILED, Phase.INTERRUPTED, Phase.APPLYING) and not cont:
             raise _unfinished_error(room, state, names, patches)
         k = _resume_point(room, patches, names, result, cont=cont, phase=phase)
         _apply_series(room, patches, k, result, hooks)
@@ -379,10 +380,10 @@ def _take_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, s
         except DcaforgeError:
             if not fresh:
                 raise
-            state = {}  # --fresh makes it again
-        if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
+            state = RoomState()  # --fresh makes it again
+        if fresh and not force and state.phase not in (None, Phase.RESETTING, Phase.CREATING):
             _refuse_to_discard(room, state)
-        if state.get("phase") == "resetting":
+        if state.phase == Phase.RESETTING:
             stage[0] = "resetting"
             reset_to_start(room, state)
             result.notes.append("finished an interrupted reset of the clean room to its start commit")
@@ -392,7 +393,7 @@ def _take_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, s
             stage[0] = "resetting"
             reset_to_start(room, state)
             result.notes.append("fresh: reset the clean room to its start commit")
-        elif fresh or state.get("phase") in (None, "creating"):
+        elif fresh or state.phase in (None, Phase.CREATING):
             room.delete()
         elif include_wip:
             raise SafetyError("--include-wip only applies when the clean room is made",
@@ -411,22 +412,31 @@ def _make_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, *
     result.created = True
 
 
-def _check_made_alike(cfg: Config, room: Room, state: dict[str, Any], base: BaseSource) -> None:
+def _start_commit(room: Room, state: RoomState) -> str:
+    """The room's start commit, as its state records it (a state without one is refused, as a corrupt one is)."""
+    if state.start is None:
+        raise DcaforgeError("the clean room's state file is corrupt: it records no start commit",
+                            where=str(room.state_file), hint="`dcaforge apply --fresh`")
+    return state.start
+
+
+def _check_made_alike(cfg: Config, room: Room, state: RoomState, base: BaseSource) -> None:
     """The room must have been made from the source, bootstrap steps and submodules the config now names."""
-    if state.get("source") != base.description:
+    if state.source != base.description:
         raise DcaforgeError(
-            f"the clean room was made from {state.get('source')}, the config now says {base.description}",
+            f"the clean room was made from {state.source}, the config now says {base.description}",
             where=str(room.path), hint="`dcaforge apply --fresh`")
-    if state.get("bootstrap", []) != bootstrap_record(cfg) or \
-            state.get("submodules", submodules_record(base)) != submodules_record(base):
+    made_with_submodules = state.submodules if state.submodules is not None else submodules_record(base)
+    if (state.bootstrap if state.bootstrap is not None else []) != bootstrap_record(cfg) or \
+            made_with_submodules != submodules_record(base):
         raise DcaforgeError(
             "the clean room was made with other bootstrap steps or submodules than the config now has",
-            where=f"{room.path} (made with: {state.get('config')})",
+            where=f"{room.path} (made with: {state.config})",
             hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
                  "writes them into the feature's templates first)")
 
 
-def _restart_series(room: Room, state: dict[str, Any], result: ApplyResult) -> list[str]:
+def _restart_series(room: Room, state: RoomState, result: ApplyResult) -> list[str]:
     """The series changed under an applied room: back to the start (refused while it holds hand edits).
     Returns the names now applied (none)."""
     hand = _dirty_beyond_render(room, state)
@@ -437,15 +447,15 @@ def _restart_series(room: Room, state: dict[str, Any], result: ApplyResult) -> l
             where=str(room.path),
             hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
                  "again); `dcaforge apply --fresh --force` discards them")
-    room.update_state(phase="applying")
+    room.update_state(phase=Phase.APPLYING)
     room.reset_hard(START_TAG)
     result.notes.append("series changed: re-applied from the start")
     return []
 
 
-def _unfinished_error(room: Room, state: dict[str, Any], names: list[str], patches: list[Patch]) -> DcaforgeError:
+def _unfinished_error(room: Room, state: RoomState, names: list[str], patches: list[Patch]) -> DcaforgeError:
     """A previous apply stopped (failed or interrupted) and this one is not ``--continue``."""
-    at = (state.get("failed") or {}).get("patch") if state.get("phase") == "failed" else None
+    at = state.failed.patch if state.phase == Phase.FAILED and state.failed else None
     return DcaforgeError(
         f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
         f"({len(names)}/{len(patches)} patches applied)",
@@ -454,7 +464,7 @@ def _unfinished_error(room: Room, state: dict[str, Any], names: list[str], patch
 
 
 def _resume_point(room: Room, patches: list[Patch], names: list[str], result: ApplyResult, *, cont: bool,
-                  phase: str | None) -> int:
+                  phase: Phase | None) -> int:
     """Where the series goes on: after the patches already applied (a prefix of the series), and after the one
     that failed when ``--continue`` finds it resolved by hand; an interrupted room is reset to its last patch."""
     if names != [p.name for p in patches[: len(names)]]:
@@ -464,10 +474,10 @@ def _resume_point(room: Room, patches: list[Patch], names: list[str], result: Ap
             details=f"applied: {', '.join(names[-3:]) or '(none)'}",
             hint="`dcaforge apply --fresh`")
     k = len(names)
-    if cont and phase == "failed" and k < len(patches):
+    if cont and phase == Phase.FAILED and k < len(patches):
         if _commit_resolution(room, patches[k], result):
             k += 1
-    elif cont or phase in ("interrupted", "applying"):
+    elif cont or phase in (Phase.INTERRUPTED, Phase.APPLYING):
         room.reset_hard("HEAD")
     return k
 
@@ -494,11 +504,11 @@ def _commit_resolution(room: Room, patch: Patch, result: ApplyResult) -> bool:
 def _apply_series(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
     """Apply patches[k:] and tag the baseline, recording each phase in the room's state."""
     result.skipped_to = k
-    room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
+    room.update_state(phase=Phase.APPLYING, series=series_record(patches), failed=None, rendered=None)
     _apply_range(room, patches, k, result, hooks)
     baseline = room.head()
     git(room.path, "tag", "-f", BASELINE_TAG, baseline)
-    room.update_state(phase="applied", baseline=baseline)
+    room.update_state(phase=Phase.APPLIED, baseline=baseline)
     result.baseline = baseline
 
 
@@ -526,9 +536,9 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
             if fail is not None:
                 move_head()
                 room.reset_hard("HEAD")
-                room.update_state(phase="failed", failed={
-                    "patch": patch.name, "index": i, "file": fail.file,
-                    "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
+                room.update_state(phase=Phase.FAILED, failed=Failed(
+                    patch=patch.name, index=i, file=fail.file, hunk=fail.hunk.header if fail.hunk else None,
+                    reason=fail.reason))
                 raise _failure_error(fail, room.path, i, total, method == "git apply --3way")
             tree = git_out(room.path, "write-tree")
             head = git_out(room.path, "commit-tree", tree, "-p", head, "-m", commit_message(patch))
@@ -541,14 +551,13 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
         # leave the room at the last committed patch; `apply --continue` resumes there
         move_head()
         room.reset_hard("HEAD")
-        room.update_state(phase="interrupted", failed=None)
+        room.update_state(phase=Phase.INTERRUPTED, failed=None)
         raise
     except (CommandError, SafetyError, ConfigError) as exc:
         # a command failed, or the patch names a path outside the tree (nothing of it was applied)
         move_head()
         room.reset_hard("HEAD")
-        room.update_state(phase="failed", failed={"patch": patches[i].name, "index": i, "file": None,
-                                                  "hunk": None, "reason": exc.message})
+        room.update_state(phase=Phase.FAILED, failed=Failed(patch=patches[i].name, index=i, reason=exc.message))
         raise
 
 

@@ -17,7 +17,6 @@ import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dcaforge import confine
 from dcaforge.config import Config
@@ -28,6 +27,7 @@ from dcaforge.git import git, git_out, patch_cmd
 from dcaforge.patch.series import discover, series_record
 from dcaforge.patchfile import parse_patch
 from dcaforge.room.cleanroom import Room, locked
+from dcaforge.room.state import RoomState
 from dcaforge.room.trees import (
     GitTree,
     baseline_commit,
@@ -81,9 +81,9 @@ def _commands(cfg: Config, file: Path | None, fresh_render: bool, gnu: bool) -> 
     return capture, f"`dcaforge verify{''.join(' ' + a for a in args)}`"
 
 
-def _stale_hint(cfg: Config, room: Room, state: dict[str, Any], capture: str, again: str) -> str:
+def _stale_hint(cfg: Config, room: Room, state: RoomState, capture: str, again: str) -> str:
     """What makes the committed patch what the templates render again, by why it differs."""
-    if state.get("templates_digest") != manifest_digest(cfg.feature.templates):
+    if state.templates_digest != manifest_digest(cfg.feature.templates):
         return f"the templates changed since the clean room was rendered: `dcaforge render`, then {capture}, then {again}"
     hand = hand_edited_files(room, state)
     if hand:
@@ -140,7 +140,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
         state = room.load_state()
         notes: list[str] = []
         if fresh_render:
-            if state.get("series") != series_record(discover(cfg)):
+            if state.series != series_record(discover(cfg)):
                 raise DcaforgeError("the series changed since the clean room was applied",
                                     where=str(room.path), hint=f"`dcaforge apply`, then {again}")
             expected = rendered_tree(cfg, room)
@@ -157,9 +157,9 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
                     details="\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""),
                     hint=_stale_hint(cfg, room, state, capture, again))
         else:
-            cap = state.get("captured") or {}
-            if cap.get("sha256") == sha and cap.get("tree"):
-                expected, expected_from = cap["tree"], "capture"
+            cap = state.captured
+            if cap is not None and cap.sha256 == sha and cap.tree:
+                expected, expected_from = cap.tree, "capture"
             else:
                 expected, expected_from = worktree_tree(room.path), "work tree"
                 notes.append("the patch is not the last capture: compared with the room's work tree")

@@ -13,7 +13,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from dcaforge.git import git, git_out, repair_repo_config, rev_parse
 from dcaforge.room.bootstrap import SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room
 from dcaforge.room.source import BaseSource
+from dcaforge.room.state import Phase, RoomState
 
 
 def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
@@ -213,10 +214,10 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
         git(tmp, "tag", "-f", START_TAG, "HEAD")
         marker = Room(tmp, room.workspace)
         marker.mark({"config": cfg.describe(), "source": base.description})
-        marker.save_state({"phase": "created", "source": base.description, "base": commit,
-                           "start": git_out(tmp, "rev-parse", "HEAD"), "config": cfg.describe(),
-                           "bootstrap": bootstrap_record(cfg), "submodules": submodules_record(base),
-                           "wip": bool(include_wip)})
+        marker.save_state(RoomState(phase=Phase.CREATED, source=base.description, base=commit,
+                                    start=git_out(tmp, "rev-parse", "HEAD"), config=cfg.describe(),
+                                    bootstrap=bootstrap_record(cfg), submodules=submodules_record(base),
+                                    wip=bool(include_wip)))
         if room.path.exists():
             room.path.rmdir()  # an empty folder (check_can_create) or nothing
         os.replace(tmp, room.path)
@@ -245,26 +246,27 @@ def submodules_record(base: BaseSource) -> bool | list[str]:
     return list(base.submodules) if isinstance(base.submodules, tuple) else bool(base.submodules)
 
 
-def can_reset(cfg: Config, state: dict[str, Any], base: BaseSource, include_wip: bool) -> bool:
+def can_reset(cfg: Config, state: RoomState, base: BaseSource, include_wip: bool) -> bool:
     """Can ``--fresh`` reuse this room (reset to its start) instead of cloning again? Only when
     the same pinned commit, submodules and bootstrap made it: the start commit is then exactly
     what a new clone would give (submodule commits are pinned by the superproject commit)."""
-    if include_wip or state.get("wip") or not state.get("start"):
+    if include_wip or state.wip or not state.start:
         return False
-    if state.get("source") != base.description or state.get("bootstrap") != bootstrap_record(cfg):
+    if state.source != base.description or state.bootstrap != bootstrap_record(cfg):
         return False
-    if state.get("submodules", False) != submodules_record(base):
+    if (state.submodules if state.submodules is not None else False) != submodules_record(base):
         return False
     if not re.fullmatch(r"[0-9a-f]{40}", base.ref):  # a branch or tag may have moved
         return False
-    return state.get("base") == base.ref and rev_parse(cfg.room, START_TAG) == state.get("start")
+    return state.base == base.ref and rev_parse(cfg.room, START_TAG) == state.start
 
 
-def reset_to_start(room: Room, state: dict[str, Any]) -> None:
+def reset_to_start(room: Room, state: RoomState) -> None:
     """Back to the start commit, every other file (ignored ones included) removed; recorded as
     ``resetting`` first, so an interrupted reset is done again by the next apply."""
-    keep = {k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules") if k in state}
-    room.save_state(keep | {"phase": "resetting"})
+    keep = RoomState(source=state.source, base=state.base, start=state.start, config=state.config,
+                     bootstrap=state.bootstrap, submodules=state.submodules)
+    room.save_state(replace(keep, phase=Phase.RESETTING))
     git(room.path, "tag", "-d", BASELINE_TAG, check=False)
     room.reset_hard(START_TAG, everything=True)
-    room.save_state(keep | {"phase": "created"})
+    room.save_state(replace(keep, phase=Phase.CREATED))
