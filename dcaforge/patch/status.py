@@ -8,11 +8,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcaforge.checkout import inspect_checkout
 from dcaforge.config import Config, GitSource
 from dcaforge.errors import DcaforgeError
 from dcaforge.feature.manifest import manifest_digest
 from dcaforge.feature.render import hand_edited_files
-from dcaforge.git import config_problems, inspect_checkout
+from dcaforge.git import config_problems
 from dcaforge.patch.series import applied_names, discover, series_record
 from dcaforge.room.cleanroom import Room
 from dcaforge.room.state import Phase, RoomState
