@@ -22,7 +22,7 @@ from dcaforge import trust as consent
 from dcaforge.config import Config
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 from dcaforge.git import git, git_out, repair_repo_config, rev_parse
-from dcaforge.room.bootstrap import SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
+from dcaforge.room.bootstrap import BootstrapReport, SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room
 from dcaforge.room.source import BaseSource
 from dcaforge.room.state import Phase, RoomState
@@ -140,38 +140,8 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
     guard.remove_leftover(modules, "the stand-ins for the source checkout's submodule clones")
     step = on_step or (lambda s: None)
     try:
-        step(f"cloning {base.description}")
-        clone = ["clone", "-q", "--no-checkout"]
-        if base.checkout is not None:
-            clone.append("--no-hardlinks")  # never share inodes with the user's repository
-        git(room.workspace, *clone, "--", base.clone_url, str(tmp),
-            hint="check source.git / source.ref in the config")
-        commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
-        if commit is None:
-            raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
-                              hint=f"see the refs it has: `git ls-remote {shlex.quote(base.clone_url)}`")
-        step(f"checking out {commit[:12]}")
-        git(tmp, "checkout", "-q", "--detach", commit, "--")
-        if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
-            result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
-                                "(a branch or tag can move)")
-        subs = SubmoduleReport()
-        if base.submodules:
-            paths = list(base.submodules) if isinstance(base.submodules, tuple) else None
-            step("checking out submodules")
-            try:
-                init_submodules(tmp, paths, checkout_modules(base.checkout), subs, modules)
-            finally:
-                shutil.rmtree(modules, ignore_errors=True)
-            unknown = [p for p in paths or [] if p not in subs.listed]
-            if unknown:
-                raise ConfigError(f"source.submodules names {', '.join(unknown)}, which no .gitmodules declares",
-                                  where="source.submodules",
-                                  hint="declared: " + (", ".join(sorted(subs.declared)) or "none") + " (a nested one "
-                                  "as parent/path, with its parent listed)")
-            for sub, local in sorted(subs.local.items()):
-                result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
-            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp, subs)))
+        commit = _clone(base, room, tmp, result, step)
+        subs = _submodules(base, tmp, modules, result, step)
         check_llama_cpp_dir(cfg, tmp)
         (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
         if include_wip:
@@ -179,38 +149,7 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
             git(tmp, "add", "-A", ".")
             git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
                 "dcaforge: uncommitted work copied from the source checkout\n")
-        if trusted is not None:
-            cmds = consent.commands(cfg)
-            step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
-                 f"(trusted: {trusted.why}):")
-            for c in cmds:
-                for k, line in enumerate(consent.full_text(c).splitlines()):
-                    step(("  $ " if k == 0 else "    ") + line)
-        try:
-            boot = run_bootstrap(cfg, tmp, on_step=step)
-        except DcaforgeError as exc:
-            if subs.absent:
-                exc.hint = (exc.hint or "") + ("; note: not checked out (in no clone of your checkout): "
-                                               + ", ".join(a.path for a in subs.absent))
-            raise
-        _check_absent(subs, tmp, base, cfg, result.notes)
-        removed = repair_repo_config(tmp / ".git")
-        if removed:
-            result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
-                                f"commands: {', '.join(removed)}")
-        check_llama_cpp_dir(cfg, tmp)
-        if boot.patches:
-            n = len(boot.patches)
-            result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
-                                "(patch -p1 --fuzz=0)")
-        if boot.ignored_committed:
-            n = len(boot.ignored_committed)
-            result.notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
-                                f"ignores: {', '.join(boot.ignored_committed[:5])}"
-                                + (" ..." if len(boot.ignored_committed) > 5 else ""))
-        if boot.ignored_folders:
-            result.notes.append(f"bootstrap: left ignored folders out of the start commit: "
-                                f"{', '.join(boot.ignored_folders[:5])}")
+        _bootstrap(cfg, base, tmp, subs, trusted, result, step)
         git(tmp, "tag", "-f", START_TAG, "HEAD")
         marker = Room(tmp, room.workspace)
         marker.mark({"config": cfg.describe(), "source": base.description})
@@ -226,6 +165,89 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
         shutil.rmtree(modules, ignore_errors=True)
         raise
     return result
+
+
+def _clone(base: BaseSource, room: Room, tmp: Path, result: Started, step: Callable[[str], None]) -> str:
+    """Clone ``base`` into ``tmp`` and check out its ref; returns the commit."""
+    step(f"cloning {base.description}")
+    clone = ["clone", "-q", "--no-checkout"]
+    if base.checkout is not None:
+        clone.append("--no-hardlinks")  # never share inodes with the user's repository
+    git(room.workspace, *clone, "--", base.clone_url, str(tmp),
+        hint="check source.git / source.ref in the config")
+    commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
+    if commit is None:
+        raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
+                          hint=f"see the refs it has: `git ls-remote {shlex.quote(base.clone_url)}`")
+    step(f"checking out {commit[:12]}")
+    git(tmp, "checkout", "-q", "--detach", commit, "--")
+    if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
+        result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
+                            "(a branch or tag can move)")
+    return commit
+
+
+def _submodules(base: BaseSource, tmp: Path, modules: Path, result: Started,
+                step: Callable[[str], None]) -> SubmoduleReport:
+    """The submodules the source names, checked out and flattened into the tree (none: an empty report)."""
+    subs = SubmoduleReport()
+    if not base.submodules:
+        return subs
+    paths = list(base.submodules) if isinstance(base.submodules, tuple) else None
+    step("checking out submodules")
+    try:
+        init_submodules(tmp, paths, checkout_modules(base.checkout), subs, modules)
+    finally:
+        shutil.rmtree(modules, ignore_errors=True)
+    unknown = [p for p in paths or [] if p not in subs.listed]
+    if unknown:
+        raise ConfigError(f"source.submodules names {', '.join(unknown)}, which no .gitmodules declares",
+                          where="source.submodules",
+                          hint="declared: " + (", ".join(sorted(subs.declared)) or "none") + " (a nested one "
+                          "as parent/path, with its parent listed)")
+    for sub, local in sorted(subs.local.items()):
+        result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
+    result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp, subs)))
+    return subs
+
+
+def _bootstrap(cfg: Config, base: BaseSource, tmp: Path, subs: SubmoduleReport, trusted: consent.Trust | None,
+               result: Started, step: Callable[[str], None]) -> None:
+    """Run the bootstrap steps in ``tmp`` (its commands shown first, when trusted), then check what they left."""
+    if trusted is not None:
+        cmds = consent.commands(cfg)
+        step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
+             f"(trusted: {trusted.why}):")
+        for c in cmds:
+            for k, line in enumerate(consent.full_text(c).splitlines()):
+                step(("  $ " if k == 0 else "    ") + line)
+    try:
+        boot = run_bootstrap(cfg, tmp, on_step=step)
+    except DcaforgeError as exc:
+        if subs.absent:
+            exc.hint = (exc.hint or "") + ("; note: not checked out (in no clone of your checkout): "
+                                           + ", ".join(a.path for a in subs.absent))
+        raise
+    _check_absent(subs, tmp, base, cfg, result.notes)
+    removed = repair_repo_config(tmp / ".git")
+    if removed:
+        result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
+                            f"commands: {', '.join(removed)}")
+    check_llama_cpp_dir(cfg, tmp)
+    _bootstrap_notes(boot, result.notes)
+
+
+def _bootstrap_notes(boot: BootstrapReport, notes: list[str]) -> None:
+    if boot.patches:
+        n = len(boot.patches)
+        notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied (patch -p1 --fuzz=0)")
+    if boot.ignored_committed:
+        n = len(boot.ignored_committed)
+        notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
+                     f"ignores: {', '.join(boot.ignored_committed[:5])}"
+                     + (" ..." if len(boot.ignored_committed) > 5 else ""))
+    if boot.ignored_folders:
+        notes.append(f"bootstrap: left ignored folders out of the start commit: {', '.join(boot.ignored_folders[:5])}")
 
 
 def check_llama_cpp_dir(cfg: Config, tree: Path) -> None:
