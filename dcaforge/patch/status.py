@@ -14,7 +14,8 @@ from dcaforge.errors import DcaforgeError
 from dcaforge.feature.manifest import manifest_digest
 from dcaforge.feature.render import hand_edited_files
 from dcaforge.git import config_problems
-from dcaforge.patch.series import applied_names, discover, series_record
+from dcaforge.patch.discover import discover, series_record
+from dcaforge.patch.series import applied_names
 from dcaforge.room.cleanroom import Room
 from dcaforge.room.state import Phase, RoomState
 from dcaforge.room.trees import baseline_tree, tree_diff, worktree_tree

@@ -24,7 +24,7 @@ from dcaforge.errors import DcaforgeError, MismatchError
 from dcaforge.feature.manifest import load_manifest, manifest_digest
 from dcaforge.feature.render import hand_edited_files, plan
 from dcaforge.git import git, git_out, patch_cmd
-from dcaforge.patch.series import discover, series_record
+from dcaforge.patch.discover import discover, series_record
 from dcaforge.patchfile import parse_patch
 from dcaforge.room.cleanroom import Room, locked
 from dcaforge.room.state import RoomState
