@@ -54,7 +54,8 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> None:
+def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> str:
+    """Apply ``patch`` (``reverse``: backwards) to the temporary index ``env`` names; returns the tree it gives."""
     args = ["apply", "--cached", "--allow-empty", "--whitespace=nowarn"] + (["-R"] if reverse else []) + [str(patch)]
     res = git(room, *args, env=env, check=False)
     if not res.ok:
@@ -63,6 +64,13 @@ def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -
             f"{'captured tree' if reverse else 'baseline'}",
             where=str(patch), details=res.stderr.strip(),
             hint="`dcaforge capture` writes it again from the clean room (or `dcaforge apply --fresh` makes the room again)")
+    return git_out(room, "write-tree", env=env)
+
+
+def _same_tree(room: Path, got: str, want: str, message: str, details: str, hint: str) -> None:
+    if got != want:
+        raise MismatchError(message, where=f"first differing file: {first_difference(room, got, want)}",
+                            details=details, hint=hint)
 
 
 def rendered_tree(cfg: Config, room: Room) -> str:
@@ -165,21 +173,12 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
                 notes.append("the patch is not the last capture: compared with the room's work tree")
         with temp_index(room.path, seed=False) as env:
             git(room.path, "read-tree", base, env=env)
-            _apply_cached(room.path, env, patch, reverse=False)
-            forward = git_out(room.path, "write-tree", env=env)
-            if forward != expected:
-                raise MismatchError(
-                    f"forward-applying {patch.name} to the baseline does not give the {expected_from} tree",
-                    where=f"first differing file: {first_difference(room.path, forward, expected)}",
-                    details=f"forward {forward} != expected {expected}",
-                    hint=f"{capture}, then {again}")
-            _apply_cached(room.path, env, patch, reverse=True)
-            reverse = git_out(room.path, "write-tree", env=env)
-            if reverse != base:
-                raise MismatchError(
-                    f"reverse-applying {patch.name} does not give the baseline back",
-                    where=f"first differing file: {first_difference(room.path, reverse, base)}",
-                    details=f"reverse {reverse} != baseline {base}", hint=f"{capture}, then {again}")
+            forward = _apply_cached(room.path, env, patch, reverse=False)
+            _same_tree(room.path, forward, expected, f"forward-applying {patch.name} to the baseline does not give the "
+                       f"{expected_from} tree", f"forward {forward} != expected {expected}", f"{capture}, then {again}")
+            reverse = _apply_cached(room.path, env, patch, reverse=True)
+            _same_tree(room.path, reverse, base, f"reverse-applying {patch.name} does not give the baseline back",
+                       f"reverse {reverse} != baseline {base}", f"{capture}, then {again}")
         if gnu:
             _verify_gnu(room.path, patch, base, expected, capture, again)
         return VerifyResult(patch=patch, baseline_tree=base, expected_tree=expected, expected_from=expected_from,
