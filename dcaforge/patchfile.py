@@ -217,133 +217,164 @@ def _git_header_names(rest: str, strip: int) -> list[str]:
 
 def parse_patch(data: bytes, strip: int = 1) -> ParsedPatch:
     """Every file a patch names, hunk lines counted as the tools count them."""
-    text = data.decode("utf-8", "surrogateescape")
-    lines = text.split("\n")
-    entries: list[PatchEntry] = []
-    problems: list[tuple[int, str]] = []
-    cur: PatchEntry | None = None
-    first_header: int | None = None
-    i = 0
-    n = len(lines)
+    reader = _PatchReader(data.decode("utf-8", "surrogateescape").split("\n"), strip)
+    while reader.i < len(reader.lines):
+        reader.step()
+    return reader.result()
 
-    def add(raw: str, line: int, role: str, do_strip: bool = True) -> None:
-        assert cur is not None
-        cur.paths.append(PatchPath(raw=raw, path=strip_components(raw, strip) if do_strip else raw, line=line,
-                                   role=role))
 
-    def new_entry(line: int, header: str) -> PatchEntry:
-        nonlocal first_header
-        if first_header is None:
-            first_header = line
-        e = PatchEntry(line=line, header=header)
-        entries.append(e)
-        return e
+class _PatchReader:
+    """Reading one patch for :func:`parse_patch`, a line (and the lines it owns) at a time."""
 
-    while i < n:
-        line = lines[i]
-        ln = i + 1
-        bare = line.rstrip("\r")
+    def __init__(self, lines: list[str], strip: int) -> None:
+        self.lines = lines
+        self.strip = strip
+        self.entries: list[PatchEntry] = []
+        self.problems: list[tuple[int, str]] = []
+        self.cur: PatchEntry | None = None
+        self.first_header: int | None = None
+        self.i = 0  # the line being read (0-based)
+
+    def add(self, raw: str, line: int, role: str, do_strip: bool = True) -> None:
+        assert self.cur is not None
+        self.cur.paths.append(PatchPath(raw=raw, path=strip_components(raw, self.strip) if do_strip else raw, line=line,
+                                        role=role))
+
+    def new_entry(self, line: int, header: str) -> PatchEntry:
+        if self.first_header is None:
+            self.first_header = line
+        self.cur = PatchEntry(line=line, header=header)
+        self.entries.append(self.cur)
+        return self.cur
+
+    def step(self) -> None:
+        """Read the line at ``i``, and move past it (and past the lines a hunk or a binary patch owns)."""
+        bare = self.lines[self.i].rstrip("\r")
+        ln = self.i + 1
+        hunk = _HUNK.match(bare)
+        if self._file_header(bare, ln) or self._extended_header(bare, ln):
+            pass
+        elif self.cur is not None and bare.startswith("GIT binary patch"):
+            self.cur.binary = True
+            self._skip_binary()
+            return
+        elif self.cur is not None and bare.startswith("Binary files "):
+            self.cur.binary = True
+        elif hunk:
+            self._hunk(bare, ln, hunk)
+        elif bare.startswith("***************"):
+            self.problems.append((ln, "a context-diff hunk: only unified diffs are accepted"))
+        elif _NORMAL_CMD.match(bare) or (_ED_CMD.match(bare) and self.first_header is not None):
+            self.problems.append((ln, f"{bare!r} is a normal-diff or ed command: only unified diffs are accepted"))
+        self.i += 1
+
+    def _file_header(self, bare: str, ln: int) -> bool:
+        """A ``diff --git``, ``---``/``***``, ``+++`` or ``Index:`` line: a new entry when it starts one, its names."""
         if bare.startswith("diff --git "):
-            cur = new_entry(ln, bare)
-            for name in _git_header_names(bare[len("diff --git "):], strip):
-                add(name, ln, "diff --git")
+            self.new_entry(ln, bare)
+            for name in _git_header_names(bare[len("diff --git "):], self.strip):
+                self.add(name, ln, "diff --git")
         elif bare.startswith(("--- ", "*** ")) and not bare.startswith("****"):
             role = bare[:3]
+            cur = self.cur
             # a traditional diff's next file (a git entry or an Index: line may come first)
             if cur is None or cur.hunks or cur.binary or any(p.role in ("---", "***", "+++") for p in cur.paths):
-                cur = new_entry(ln, bare)
+                self.new_entry(ln, bare)
             for name in _header_name(bare[4:]):
                 if name != "/dev/null":
-                    add(name, ln, role)
+                    self.add(name, ln, role)
             if role == "***":
-                problems.append((ln, "a context-diff header ('*** '): only unified diffs are accepted"))
+                self.problems.append((ln, "a context-diff header ('*** '): only unified diffs are accepted"))
         elif bare.startswith("+++ "):
-            if cur is None or cur.hunks or cur.binary:
-                cur = new_entry(ln, bare)
+            if self.cur is None or self.cur.hunks or self.cur.binary:
+                self.new_entry(ln, bare)
             for name in _header_name(bare[4:]):
                 if name != "/dev/null":
-                    add(name, ln, "+++")
+                    self.add(name, ln, "+++")
         elif bare.startswith("Index: "):
-            cur = new_entry(ln, bare)
+            self.new_entry(ln, bare)
             for name in _header_name(bare[len("Index: "):]):
-                add(name, ln, "Index:")
-        elif cur is not None and bare.startswith(("rename from ", "rename to ", "copy from ", "copy to ",
-                                                  "rename old ", "rename new ")):
+                self.add(name, ln, "Index:")
+        else:
+            return False
+        return True
+
+    def _extended_header(self, bare: str, ln: int) -> bool:
+        """A git entry's rename/copy, mode or ``index`` line."""
+        cur = self.cur
+        if cur is None:
+            return False
+        if bare.startswith(("rename from ", "rename to ", "copy from ", "copy to ", "rename old ", "rename new ")):
             key, _, rest = bare.partition(" ")
             which, _, rest = rest.partition(" ")
             q = unquote_c(rest)
-            add(q[0] if q is not None else rest, ln, f"{key} {which}", do_strip=False)
-        elif cur is not None and _MODE_LINE.match(bare):
-            m = _MODE_LINE.match(bare)
-            assert m is not None
+            self.add(q[0] if q is not None else rest, ln, f"{key} {which}", do_strip=False)
+        elif m := _MODE_LINE.match(bare):
             cur.modes.append((m.group(2), ln))
             if m.group(1) == "deleted file mode":
                 cur.deleted_file = True
-        elif cur is not None and _INDEX_LINE.match(bare):
-            m = _INDEX_LINE.match(bare)
-            assert m is not None
+        elif m := _INDEX_LINE.match(bare):
             if m.group(1):
                 cur.modes.append((m.group(1), ln))
-        elif cur is not None and bare.startswith("GIT binary patch"):
-            cur.binary = True
-            # literal/delta chunks, each ended by an empty line
-            i += 1
-            chunks = 0
-            while i < n and chunks < 2:
-                b = lines[i].rstrip("\r")
-                if not b:
-                    chunks += 1
-                    i += 1
-                    if i < n and not lines[i].rstrip("\r").startswith(("literal ", "delta ")):
-                        break
-                    continue
-                i += 1
-            continue
-        elif cur is not None and bare.startswith("Binary files "):
-            cur.binary = True
-        elif _HUNK.match(bare):
-            m = _HUNK.match(bare)
-            assert m is not None
-            if cur is None:
-                problems.append((ln, "a hunk with no file header before it"))
-                cur = new_entry(ln, bare)
-            cur.hunks.append(Hunk(file="?", index=len(cur.hunks) + 1, header=bare, old_start=int(m.group(1)), line=ln))
-            old_n = int(m.group(2)) if m.group(2) is not None else 1
-            new_n = int(m.group(4)) if m.group(4) is not None else 1
-            while (old_n > 0 or new_n > 0) and i + 1 < n:
-                body = lines[i + 1]
-                c = body[:1]
-                if c == " " or body in ("", "\r"):
-                    old_n -= 1
-                    new_n -= 1
-                elif c == "-":
-                    old_n -= 1
-                elif c == "+":
-                    new_n -= 1
-                    cur.added.append(body[1:].rstrip("\r"))
-                elif c == "\\":
-                    pass
-                else:
-                    break  # the tools stop here too ("corrupt patch" / "malformed patch")
-                i += 1
-            if old_n > 0 or new_n > 0:
-                problems.append((ln, f"hunk {bare.split('@@')[1].strip()!r} is cut short (its line counts are wrong)"))
-            while i + 1 < n and lines[i + 1].startswith("\\"):
-                i += 1
-        elif bare.startswith("***************"):
-            problems.append((ln, "a context-diff hunk: only unified diffs are accepted"))
-        elif _NORMAL_CMD.match(bare) or (_ED_CMD.match(bare) and first_header is not None):
-            problems.append((ln, f"{bare!r} is a normal-diff or ed command: only unified diffs are accepted"))
-        i += 1
-    body_lines = lines[(first_header or 1) - 1:] if first_header else []
-    # a format-patch signature ("-- \n2.39.0\n") is not content
-    while body_lines and body_lines[-1].strip() == "":
-        body_lines.pop()
-    if len(body_lines) >= 2 and body_lines[-2] == "-- ":
-        body_lines = body_lines[:-2]
-    for e in entries:
-        e.hunks = [dataclasses.replace(h, file=e.file) for h in e.hunks]
-    return ParsedPatch(entries=entries, problems=problems, body="\n".join(body_lines).encode("utf-8", "surrogateescape"))
+        else:
+            return False
+        return True
+
+    def _skip_binary(self) -> None:
+        """Past a ``GIT binary patch``: its literal/delta chunks, each ended by an empty line."""
+        lines, n = self.lines, len(self.lines)
+        self.i += 1
+        chunks = 0
+        while self.i < n and chunks < 2:
+            b = lines[self.i].rstrip("\r")
+            if not b:
+                chunks += 1
+                self.i += 1
+                if self.i < n and not lines[self.i].rstrip("\r").startswith(("literal ", "delta ")):
+                    break
+                continue
+            self.i += 1
+
+    def _hunk(self, bare: str, ln: int, m: re.Match[str]) -> None:
+        """A ``@@`` hunk and its lines, counted as the tools count them (a hunk cut short is a problem)."""
+        cur = self.cur
+        if cur is None:
+            self.problems.append((ln, "a hunk with no file header before it"))
+            cur = self.new_entry(ln, bare)
+        cur.hunks.append(Hunk(file="?", index=len(cur.hunks) + 1, header=bare, old_start=int(m.group(1)), line=ln))
+        old_n = int(m.group(2)) if m.group(2) is not None else 1
+        new_n = int(m.group(4)) if m.group(4) is not None else 1
+        lines, n = self.lines, len(self.lines)
+        while (old_n > 0 or new_n > 0) and self.i + 1 < n:
+            body = lines[self.i + 1]
+            c = body[:1]
+            if c == " " or body in ("", "\r"):
+                old_n -= 1
+                new_n -= 1
+            elif c == "-":
+                old_n -= 1
+            elif c == "+":
+                new_n -= 1
+                cur.added.append(body[1:].rstrip("\r"))
+            elif c != "\\":
+                break  # the tools stop here too ("corrupt patch" / "malformed patch")
+            self.i += 1
+        if old_n > 0 or new_n > 0:
+            self.problems.append((ln, f"hunk {bare.split('@@')[1].strip()!r} is cut short (its line counts are wrong)"))
+        while self.i + 1 < n and lines[self.i + 1].startswith("\\"):
+            self.i += 1
+
+    def result(self) -> ParsedPatch:
+        body_lines = self.lines[(self.first_header or 1) - 1:] if self.first_header else []
+        # a format-patch signature ("-- \n2.39.0\n") is not content
+        while body_lines and body_lines[-1].strip() == "":
+            body_lines.pop()
+        if len(body_lines) >= 2 and body_lines[-2] == "-- ":
+            body_lines = body_lines[:-2]
+        for e in self.entries:
+            e.hunks = [dataclasses.replace(h, file=e.file) for h in e.hunks]
+        return ParsedPatch(entries=self.entries, problems=self.problems,
+                           body="\n".join(body_lines).encode("utf-8", "surrogateescape"))
 
 
 def parse_hunks(text: str, strip: int = 1) -> list[Hunk]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dcaforge.git import porcelain_z
+from dcaforge.checkout import porcelain_z
 
 REPO = Path(__file__).resolve().parent.parent
 #: Where tests and benchmarks write what they measure (build/ is ignored by git).

@@ -3,15 +3,15 @@ target names and nothing else, and every file the feature adds is wired into the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from dcaforge import guard
 from dcaforge.config import Config
 from dcaforge.errors import DcaforgeError, MismatchError
 from dcaforge.git import rev_parse
 from dcaforge.room.cleanroom import BASELINE_TAG, Room
+from dcaforge.room.state import RoomState
 
 NO_BASELINE = "the clean room has no baseline yet (the series is not fully applied)"
 
@@ -24,9 +24,9 @@ def require_baseline(room: Room, message: str = NO_BASELINE) -> str:
     return base
 
 
-def rendered_sources(state: Mapping[str, Any]) -> list[str]:
+def rendered_sources(state: RoomState) -> list[str]:
     """The files the room's last render wrote (its state's ``rendered``), sorted."""
-    return sorted((state.get("rendered") or {}).keys())
+    return sorted((state.rendered or {}).keys())
 
 
 def build_targets(cfg: Config, given: Sequence[str] | None, configured: tuple[str, ...], key: str) -> tuple[str, ...]:

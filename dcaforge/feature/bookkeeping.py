@@ -25,10 +25,11 @@ from typing import Any
 import jinja2
 
 from dcaforge import confine, sandbox
+from dcaforge.checkout import inspect_checkout
 from dcaforge.config import Config, GitSource
 from dcaforge.configsections import BOOKKEEPING_CONTEXT, DEFAULT_README_ROW, BookkeepingDoc
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
-from dcaforge.git import inspect_checkout, is_inside
+from dcaforge.git import is_inside
 from dcaforge.room.cleanroom import Room, write_all_atomic
 
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")

@@ -24,6 +24,7 @@ from dcaforge.feature.plan import EditReport, plan
 from dcaforge.git import rev_parse, status_porcelain
 from dcaforge.room.blame import attribute
 from dcaforge.room.cleanroom import START_TAG, Room, locked, write_atomic
+from dcaforge.room.state import RoomState
 from dcaforge.room.trees import GitTree, Tree, baseline_commit
 
 # --- render into the room, and check ------------------------------------------------------
@@ -52,10 +53,10 @@ def _current(path: Path) -> tuple[bytes, int] | None:
     return guard.read_regular(path, what="the clean room's file", follow=False), (0o755 if st.st_mode & 0o111 else 0o644)
 
 
-def hand_edited_files(room: Room, state: dict[str, Any]) -> list[str]:
+def hand_edited_files(room: Room, state: RoomState) -> list[str]:
     """Files that differ from HEAD in the room and are not exactly what the last render wrote."""
-    rendered: dict[str, str] = state.get("rendered") or {}
-    pending: dict[str, str] = state.get("rendering") or {}  # a render that was interrupted
+    rendered: dict[str, str] = state.rendered or {}
+    pending: dict[str, str] = state.rendering or {}  # a render that was interrupted
     out = []
     for entry in status_porcelain(room.path):
         rel = entry[3:]
@@ -78,12 +79,12 @@ def render_feature(cfg: Config, room: Room, *, force: bool = False) -> RenderRes
             _name_the_patch(cfg, room, tree, manifest, exc)
         raise
     state = room.load_state()
-    previous_paths = set(state.get("rendered") or {})
+    previous_paths = set(state.rendered or {})
     for rel in sorted(set(p.outputs) | previous_paths):  # every path checked before the first write
         confine.resolve_in(room.path, rel, what="render target", where=f"{manifest.path} -> {room.path / rel}",
                            hint="fix the manifest's dest/file (a path under llama_cpp_dir), or remove the symlink from "
                                 "the tree; nothing was written")
-    previous: dict[str, str] = state.get("rendered") or {}
+    previous: dict[str, str] = state.rendered or {}
     touched = set(p.outputs) | set(previous)
     if not force:
         # a file that already holds exactly what this render writes loses nothing (e.g. after

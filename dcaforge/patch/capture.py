@@ -18,6 +18,7 @@ from dcaforge.errors import DcaforgeError
 from dcaforge.feature import bookkeeping
 from dcaforge.feature.bookkeeping import DocUpdate, check_not_managed, check_outside_trees
 from dcaforge.room.cleanroom import Room, locked, os_error, write_all_atomic
+from dcaforge.room.state import Captured, Phase, RoomState
 from dcaforge.room.trees import baseline_tree, changed_paths, tree_diff, worktree_tree
 
 
@@ -33,27 +34,28 @@ class CaptureResult:
     bookkeeping_skipped: bool = False  # configured, but -o wrote the patch outside the series
 
 
-def check_whole(cfg: Config, room: Room, done: str = "nothing captured", then: str = "capture") -> dict:
+def check_whole(cfg: Config, room: Room, done: str = "nothing captured", then: str = "capture") -> RoomState:
     """The room must be "series applied and feature rendered": what capture writes is then the
     feature, not a half-made tree. Returns the room's state. ``done``/``then``: the message's start and the
     command to run after the fix (``build --dry-run`` refuses such a room the same way)."""
     state = room.load_state()
-    phase = state.get("phase")
-    if phase != "applied":
-        what = {"failed": f"the series stopped at {(state.get('failed') or {}).get('patch', '?')}",
-                "interrupted": "an apply was interrupted", "applying": "an apply was interrupted",
-                "resetting": "a reset was interrupted", "created": "the series is not applied yet"}.get(
-                    phase or "", f"the clean room is not fully applied ({phase})")
+    phase = state.phase
+    if phase != Phase.APPLIED:
+        stopped: dict[Phase | None, str] = {
+            Phase.FAILED: f"the series stopped at {state.failed.patch if state.failed else '?'}",
+            Phase.INTERRUPTED: "an apply was interrupted", Phase.APPLYING: "an apply was interrupted",
+            Phase.RESETTING: "a reset was interrupted", Phase.CREATED: "the series is not applied yet"}
+        what = stopped.get(phase, f"the clean room is not fully applied ({phase})")
         raise DcaforgeError(f"{done}: {what}", where=str(room.path),
                             hint=f"`dcaforge apply --continue` finishes it; then {then}")
-    if state.get("render_error"):
-        raise DcaforgeError(f"{done}: the last render stopped ({state['render_error']})", where=str(room.path),
+    if state.render_error:
+        raise DcaforgeError(f"{done}: the last render stopped ({state.render_error})", where=str(room.path),
                             hint="fix the templates (`dcaforge render --check` shows what does not fit), run "
                                  f"`dcaforge render`, then {then}")
-    if state.get("rendering"):
+    if state.rendering:
         raise DcaforgeError(f"{done}: the last render was interrupted", where=str(room.path),
                             hint=f"`dcaforge render` (or `dcaforge apply --continue`) renders it again; then {then}")
-    if (cfg.feature.templates / "manifest.yaml").is_file() and state.get("rendered") is None:
+    if (cfg.feature.templates / "manifest.yaml").is_file() and state.rendered is None:
         raise DcaforgeError(f"{done}: the feature is not rendered in the clean room", where=str(room.path),
                             hint=f"`dcaforge render` (or `dcaforge apply`), then {then}")
     return state
@@ -94,6 +96,6 @@ def capture(cfg: Config, out: Path | None = None) -> CaptureResult:
         if writes and is_packaged(dest):
             raise read_only_default("capture", dest)
         write_all_atomic(writes + bookkeeping.writes(updates), "the patch")
-        room.update_state(captured={"patch": str(dest), "sha256": sha, "tree": tree})
+        room.update_state(captured=Captured(patch=str(dest), sha256=sha, tree=tree))
         return CaptureResult(path=dest, written=old != data, size=len(data), sha256=sha, tree=tree, files=files,
                              bookkeeping=updates, bookkeeping_skipped=bool(cfg.bookkeeping.docs) and not to_series)

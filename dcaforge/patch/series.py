@@ -1,5 +1,6 @@
-"""The patch series: finding it, applying it one commit per patch, and ``dcaforge apply`` (the
-room's start is made, or gone back to, by :mod:`dcaforge.room.start`; the feature rendered on top).
+"""The patch series applied one commit per patch, and ``dcaforge apply`` (the series is found and checked
+by :mod:`dcaforge.patch.discover`; the room's start is made, or gone back to, by :mod:`dcaforge.room.start`;
+the feature rendered on top).
 
 git-style patches go through ``git apply --index --whitespace=nowarn`` and, when the blobs
 of their ``index`` lines exist, a ``--3way`` retry; plain unified diffs (llamafile's own
@@ -10,7 +11,6 @@ the file, the hunk header and the tool's reason, and how to resume.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections.abc import Callable
@@ -23,70 +23,13 @@ from dcaforge.config import Config
 from dcaforge.errors import CommandError, ConfigError, DcaforgeError, InterruptedRun, MismatchError, SafetyError
 from dcaforge.feature.render import hand_edited_files, render_feature
 from dcaforge.git import git, git_out, patch_cmd, status_porcelain
-from dcaforge.patchfile import NUMBERED, Failure, Patch, git_failure, gnu_failure, gnu_names, load_patch, numstat_names, preimage_blobs, read_patch
+from dcaforge.patch.discover import check_series, confine_hint, discover, series_record
+from dcaforge.patchfile import Failure, Patch, git_failure, gnu_failure, gnu_names, numstat_names, preimage_blobs, read_patch
 from dcaforge.room.blame import TRAILER
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room, locked
-from dcaforge.room.source import prepare
+from dcaforge.room.source import BaseSource, prepare
 from dcaforge.room.start import bootstrap_record, can_reset, create, reset_to_start, submodules_record
-
-# --- discovery ------------------------------------------------------------------------
-
-def discover(cfg: Config) -> list[Patch]:
-    """The series in order: the series file, else the numbered patches in ``range``, else
-    every numbered patch below the feature's number (an empty series is fine)."""
-    sdir = cfg.series.dir
-    feature_name = cfg.feature.patch_name
-    if cfg.series.file is not None:
-        sfile = cfg.series.file
-        if not sfile.is_file():
-            raise ConfigError(f"series file not found: {sfile}", where="series.file",
-                              hint=f"create {sfile} listing one patch per line, or use series.range")
-        out: list[Patch] = []
-        try:
-            text = sfile.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            bad_line = sfile.read_bytes()[:exc.start].count(b"\n") + 1
-            raise ConfigError(f"the series file is not UTF-8 text (byte {exc.object[exc.start]:#04x})",
-                              where=f"{sfile}:{bad_line}", hint="save it as UTF-8: one patch file name per line") from None
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            name, *opts = line.split()
-            if any(o != "-p1" for o in opts):
-                raise ConfigError(f"unsupported option in series file: {' '.join(opts)}",
-                                  where=f"{sfile}:{lineno}", hint="only -p1 patches are supported")
-            problem = confine.path_problem(name)
-            if problem:
-                raise ConfigError(f"the series file names {name!r}, which {problem}", where=f"{sfile}:{lineno}",
-                                  hint=f"list patch files of {sdir} by their names relative to it")
-            p = sdir / name
-            if not p.is_file():
-                raise ConfigError(f"patch listed in the series file does not exist: {name}",
-                                  where=f"{sfile}:{lineno}")
-            out.append(load_patch(p, name))
-        return out
-    if not sdir.is_dir():
-        if cfg.series.range is not None:
-            raise ConfigError(f"series folder not found: {sdir}", where="series.dir")
-        return []
-    by_number: dict[int, Path] = {}
-    for p in sorted(sdir.iterdir()):
-        m = NUMBERED.match(p.name)
-        if not m or not p.is_file() or p.name == feature_name:
-            continue
-        n = int(m.group(1))
-        if cfg.series.range is not None:
-            lo, hi = cfg.series.range
-            if not lo <= n <= hi:
-                continue
-        elif n >= cfg.feature.number:
-            continue
-        if n in by_number:
-            raise ConfigError(f"two patches numbered {n:04d}: {by_number[n].name} and {p.name}",
-                              where=str(sdir), hint="renumber one of them")
-        by_number[n] = p
-    return [load_patch(by_number[n], by_number[n].name) for n in sorted(by_number)]
+from dcaforge.room.state import Failed, Phase, RoomState
 
 
 def _preimages_exist(room: Path, patch: Patch) -> bool:
@@ -98,33 +41,6 @@ def _preimages_exist(room: Path, patch: Patch) -> bool:
 
 
 # --- what a patch may touch ------------------------------------------------------------------
-
-def confine_hint(patch: Patch, resume: bool) -> str:
-    then = "`dcaforge apply --continue`" if resume else "`dcaforge apply` again"
-    return (f"fix or remove {patch.path} (a patch may only change files of the tree, never git's own files or "
-            f"anything outside it), then run {then}")
-
-
-def check_series(patches: list[Patch], strip: int = 1) -> None:
-    """What can be checked of a series before anything is made or applied: every path each patch
-    names (:mod:`confine`), no empty patch, no patch twice (same content under two names)."""
-    seen: dict[str, Patch] = {}
-    for patch in patches:
-        parsed = read_patch(patch, strip)
-        confine.check_patch_text(confine.PatchRef(patch.name, patch.path), parsed, confine_hint(patch, resume=False))
-        if not any(e.hunks or e.binary or e.modes or any(p.role.startswith(("rename", "copy")) for p in e.paths)
-                   for e in parsed.entries):
-            raise ConfigError(f"patch {patch.name} is empty: it changes no file", where=str(patch.path),
-                              hint=f"remove {patch.path} from the series (or fill it), then run `dcaforge apply` again")
-        key = hashlib.sha256(parsed.body).hexdigest()
-        if key in seen:
-            first = seen[key]
-            raise ConfigError(f"patches {first.name} and {patch.name} make the same change (same content)",
-                              where=f"{first.path} and {patch.path}",
-                              hint="keep one of them in the series (the second would apply as nothing or conflict), "
-                                   "then run `dcaforge apply` again")
-        seen[key] = patch
-
 
 def confine_patch(room: Path, patch: Patch, *, strip: int = 1, resume: bool = True) -> confine.ParsedPatch:
     """Refuse ``patch`` (before it is applied to ``room``) when a path it names is not a file of the
@@ -221,10 +137,6 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def series_record(patches: list[Patch]) -> list[dict[str, str]]:
-    return [{"name": p.name, "sha256": p.sha256, "style": p.style} for p in patches]
-
-
 def by_hand(room: Path, patch: Patch, three_way: bool) -> str:
     """A command that applies what it can of ``patch`` in ``room`` and leaves the rest to resolve by
     hand (only options the tools take together: git refuses ``--3way`` with ``--reject``)."""
@@ -250,12 +162,12 @@ def _failure_error(fail: Failure, room: Path, index: int, total: int, three_way:
     )
 
 
-def _dirty_beyond_render(room: Room, state: dict[str, Any]) -> list[str]:
+def _dirty_beyond_render(room: Room, state: RoomState) -> list[str]:
     """Changes in the room that the last render did not make (hand edits)."""
     return hand_edited_files(room, state)
 
 
-def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
+def _refuse_to_discard(room: Room, state: RoomState) -> None:
     """``--fresh`` without ``--force``: refuse when the room holds hand edits, naming every file."""
     try:
         hand = _dirty_beyond_render(room, state)
@@ -263,7 +175,7 @@ def _refuse_to_discard(room: Room, state: dict[str, Any]) -> None:
         return  # a room git cannot read: --fresh is how it is made again
     if not hand:
         return
-    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.get("phase") == "applied" else
+    keep = ("`dcaforge templatize` writes them into the feature's templates" if state.phase == Phase.APPLIED else
             "`dcaforge apply --continue` commits them as the patch that stopped")
     raise SafetyError(f"--fresh would discard {len(hand)} hand-edited file{'s' if len(hand) != 1 else ''} in the clean "
                       "room (changes the last render did not make); nothing was changed",
@@ -327,128 +239,188 @@ def _apply(cfg: Config, fresh: bool, cont: bool, include_wip: bool, render: bool
     check_series(patches)
     room = Room.of(cfg)
     base = prepare(cfg, trust, hooks.on_download)
+    result = _new_result(room, base, patches, include_wip)
+    with locked(room):
+        cont = _take_room(cfg, room, base, result, stage, fresh=fresh, cont=cont, include_wip=include_wip, force=force)
+        if not room.is_ours():
+            stage[0] = "creating"
+            _make_room(cfg, room, base, result, include_wip=include_wip, trust=trust, hooks=hooks)
+        stage[0] = "applying"
+        state = room.load_state()
+        result.start = _start_commit(room, state)
+        phase = state.phase
+        if cont and phase == Phase.APPLIED:
+            cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
+            result.notes.append("nothing to continue: the series is fully applied")
+        names = applied_names(room.path)
+        _check_made_alike(cfg, room, state, base)
+        if phase == Phase.APPLIED and not cont:
+            if state.series == series_record(patches):
+                result.skipped_to = len(patches)
+                result.baseline = state.baseline
+                result.notes.append("series unchanged since the last apply")
+                stage[0] = "rendering"
+                return _finish(cfg, room, result, render, rebuilt=False)
+            names = _restart_series(room, state, result)
+        elif phase in (Phase.FAILED, Phase.INTERRUPTED, Phase.APPLYING) and not cont:
+            raise _unfinished_error(room, state, names, patches)
+        k = _resume_point(room, patches, names, result, cont=cont, phase=phase)
+        _apply_series(room, patches, k, result, hooks)
+        stage[0] = "rendering"
+        return _finish(cfg, room, result, render, rebuilt=True)
+
+
+def _new_result(room: Room, base: BaseSource, patches: list[Patch], include_wip: bool) -> ApplyResult:
+    """The result as far as the source tells it: the checkout's uncommitted files left behind."""
     result = ApplyResult(room=room.path, source=base.description, start="", total=len(patches))
     if base.checkout is not None:
         result.wip_left_behind = list(base.checkout.uncommitted) + list(base.checkout.deleted)
         for sub in base.checkout.submodules_wip:
             result.notes.append(f"the source's submodule {sub} has uncommitted files"
                                 + (" (--include-wip copies them)" if not include_wip else ""))
-    with locked(room):
-        if room.exists() and room.is_ours():
-            try:
-                state = room.load_state()
-            except DcaforgeError:
-                if not fresh:
-                    raise
-                state = {}  # --fresh makes it again
-            if fresh and not force and state.get("phase") not in (None, "resetting", "creating"):
-                _refuse_to_discard(room, state)
-            if state.get("phase") == "resetting":
-                stage[0] = "resetting"
-                reset_to_start(room, state)
-                result.notes.append("finished an interrupted reset of the clean room to its start commit")
-            elif fresh and can_reset(cfg, state, base, include_wip):
-                # same base, bootstrap and no wip: back to the start commit, every other file
-                # (ignored ones included) removed; much faster than a new clone and checkout
-                stage[0] = "resetting"
-                reset_to_start(room, state)
-                result.notes.append("fresh: reset the clean room to its start commit")
-            elif fresh or state.get("phase") in (None, "creating"):
-                room.delete()
-            elif include_wip:
-                raise SafetyError("--include-wip only applies when the clean room is made",
-                                  where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
-        elif cont:
-            result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
-            cont = False
-        if not room.is_ours():
-            stage[0] = "creating"
-            made = create(cfg, room, base, include_wip=include_wip, trust=trust, on_step=hooks.on_step)
-            result.notes += made.notes
-            result.wip_included = made.wip_included
-            result.created = True
-        stage[0] = "applying"
-        state = room.load_state()
-        result.start = state["start"]
-        phase = state.get("phase")
-        if cont and phase == "applied":
-            cont = False  # nothing to resume; never reset a finished room (it may hold hand edits)
-            result.notes.append("nothing to continue: the series is fully applied")
-        names = applied_names(room.path)
-        if state.get("source") != base.description:
-            raise DcaforgeError(
-                f"the clean room was made from {state.get('source')}, the config now says {base.description}",
-                where=str(room.path), hint="`dcaforge apply --fresh`")
-        if state.get("bootstrap", []) != bootstrap_record(cfg) or \
-                state.get("submodules", submodules_record(base)) != submodules_record(base):
-            raise DcaforgeError(
-                "the clean room was made with other bootstrap steps or submodules than the config now has",
-                where=f"{room.path} (made with: {state.get('config')})",
-                hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
-                     "writes them into the feature's templates first)")
+    return result
 
-        if phase == "applied" and not cont:
-            if state.get("series") == series_record(patches):
-                result.skipped_to = len(patches)
-                result.baseline = state.get("baseline")
-                result.notes.append("series unchanged since the last apply")
-                stage[0] = "rendering"
-                return _finish(cfg, room, result, render, rebuilt=False)
-            hand = _dirty_beyond_render(room, state)
-            if hand:
-                raise SafetyError(
-                    f"the series changed, and the clean room has changes the last render did not make: "
-                    f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
-                    where=str(room.path),
-                    hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
-                         "again); `dcaforge apply --fresh --force` discards them")
-            room.update_state(phase="applying")
-            room.reset_hard(START_TAG)
-            names = []
-            result.notes.append("series changed: re-applied from the start")
-        elif phase in ("failed", "interrupted", "applying") and not cont:
-            at = (state.get("failed") or {}).get("patch") if phase == "failed" else None
-            raise DcaforgeError(
-                f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
-                f"({len(names)}/{len(patches)} patches applied)",
-                where=str(room.path),
-                hint="`dcaforge apply --continue` resumes from there; `dcaforge apply --fresh` starts over")
 
-        # names already applied must be a prefix of the series
-        if names != [p.name for p in patches[: len(names)]]:
-            raise DcaforgeError(
-                "the series changed under a half-applied clean room",
-                where=str(room.path),
-                details=f"applied: {', '.join(names[-3:]) or '(none)'}",
-                hint="`dcaforge apply --fresh`")
-        k = len(names)
-        if cont and phase == "failed" and k < len(patches):
-            changed = status_porcelain(room.path)
-            rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
-            if rejects:
-                raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
-                                    "nothing was committed", where=str(room.path), details="\n".join(rejects),
-                                    hint="apply their hunks by hand and delete the .rej files, then run "
-                                         "`dcaforge apply --continue` again")
-            if changed:
-                # the user resolved the failed patch by hand: commit it as that patch
-                git(room.path, "add", "-A", ".")
-                git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m",
-                    commit_message(patches[k], "resolved by hand"))
-                result.applied_now.append(patches[k].name)
-                result.methods[patches[k].name] = "resolved by hand"
-                k += 1
-        elif cont or phase in ("interrupted", "applying"):
-            room.reset_hard("HEAD")
-        result.skipped_to = k
-        room.update_state(phase="applying", series=series_record(patches), failed=None, rendered=None)
-        _apply_range(room, patches, k, result, hooks)
-        baseline = room.head()
-        git(room.path, "tag", "-f", BASELINE_TAG, baseline)
-        room.update_state(phase="applied", baseline=baseline)
-        result.baseline = baseline
-        stage[0] = "rendering"
-        return _finish(cfg, room, result, render, rebuilt=True)
+def _take_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, stage: list[str], *, fresh: bool,
+               cont: bool, include_wip: bool, force: bool) -> bool:
+    """An existing room (called with it locked): an interrupted reset finished, ``--fresh`` resets or deletes it, a
+    room never finished is deleted. Returns ``cont``, turned off when there was no room to continue."""
+    if room.exists() and room.is_ours():
+        try:
+            state = room.load_state()
+        except DcaforgeError:
+            if not fresh:
+                raise
+            state = RoomState()  # --fresh makes it again
+        if fresh and not force and state.phase not in (None, Phase.RESETTING, Phase.CREATING):
+            _refuse_to_discard(room, state)
+        if state.phase == Phase.RESETTING:
+            stage[0] = "resetting"
+            reset_to_start(room, state)
+            result.notes.append("finished an interrupted reset of the clean room to its start commit")
+        elif fresh and can_reset(cfg, state, base, include_wip):
+            # same base, bootstrap and no wip: back to the start commit, every other file
+            # (ignored ones included) removed; much faster than a new clone and checkout
+            stage[0] = "resetting"
+            reset_to_start(room, state)
+            result.notes.append("fresh: reset the clean room to its start commit")
+        elif fresh or state.phase in (None, Phase.CREATING):
+            room.delete()
+        elif include_wip:
+            raise SafetyError("--include-wip only applies when the clean room is made",
+                              where=str(room.path), hint="`dcaforge apply --fresh --include-wip`")
+    elif cont:
+        result.notes.append("nothing to continue: there was no clean room yet, so it is made now")
+        cont = False
+    return cont
+
+
+def _make_room(cfg: Config, room: Room, base: BaseSource, result: ApplyResult, *, include_wip: bool, trust: bool,
+               hooks: ApplyHooks) -> None:
+    made = create(cfg, room, base, include_wip=include_wip, trust=trust, on_step=hooks.on_step)
+    result.notes += made.notes
+    result.wip_included = made.wip_included
+    result.created = True
+
+
+def _start_commit(room: Room, state: RoomState) -> str:
+    """The room's start commit, as its state records it (a state without one is refused, as a corrupt one is)."""
+    if state.start is None:
+        raise DcaforgeError("the clean room's state file is corrupt: it records no start commit",
+                            where=str(room.state_file), hint="`dcaforge apply --fresh`")
+    return state.start
+
+
+def _check_made_alike(cfg: Config, room: Room, state: RoomState, base: BaseSource) -> None:
+    """The room must have been made from the source, bootstrap steps and submodules the config now names."""
+    if state.source != base.description:
+        raise DcaforgeError(
+            f"the clean room was made from {state.source}, the config now says {base.description}",
+            where=str(room.path), hint="`dcaforge apply --fresh`")
+    made_with_submodules = state.submodules if state.submodules is not None else submodules_record(base)
+    if (state.bootstrap if state.bootstrap is not None else []) != bootstrap_record(cfg) or \
+            made_with_submodules != submodules_record(base):
+        raise DcaforgeError(
+            "the clean room was made with other bootstrap steps or submodules than the config now has",
+            where=f"{room.path} (made with: {state.config})",
+            hint="`dcaforge apply --fresh` makes it again with the config's (hand edits in it: `dcaforge templatize` "
+                 "writes them into the feature's templates first)")
+
+
+def _restart_series(room: Room, state: RoomState, result: ApplyResult) -> list[str]:
+    """The series changed under an applied room: back to the start (refused while it holds hand edits).
+    Returns the names now applied (none)."""
+    hand = _dirty_beyond_render(room, state)
+    if hand:
+        raise SafetyError(
+            f"the series changed, and the clean room has changes the last render did not make: "
+            f"{', '.join(hand[:5])}{' ...' if len(hand) > 5 else ''}",
+            where=str(room.path),
+            hint="`dcaforge templatize` writes them into the feature's templates (then run `dcaforge apply` "
+                 "again); `dcaforge apply --fresh --force` discards them")
+    room.update_state(phase=Phase.APPLYING)
+    room.reset_hard(START_TAG)
+    result.notes.append("series changed: re-applied from the start")
+    return []
+
+
+def _unfinished_error(room: Room, state: RoomState, names: list[str], patches: list[Patch]) -> DcaforgeError:
+    """A previous apply stopped (failed or interrupted) and this one is not ``--continue``."""
+    at = state.failed.patch if state.phase == Phase.FAILED and state.failed else None
+    return DcaforgeError(
+        f"a previous apply {'stopped at ' + at if at else 'was interrupted'} "
+        f"({len(names)}/{len(patches)} patches applied)",
+        where=str(room.path),
+        hint="`dcaforge apply --continue` resumes from there; `dcaforge apply --fresh` starts over")
+
+
+def _resume_point(room: Room, patches: list[Patch], names: list[str], result: ApplyResult, *, cont: bool,
+                  phase: Phase | None) -> int:
+    """Where the series goes on: after the patches already applied (a prefix of the series), and after the one
+    that failed when ``--continue`` finds it resolved by hand; an interrupted room is reset to its last patch."""
+    if names != [p.name for p in patches[: len(names)]]:
+        raise DcaforgeError(
+            "the series changed under a half-applied clean room",
+            where=str(room.path),
+            details=f"applied: {', '.join(names[-3:]) or '(none)'}",
+            hint="`dcaforge apply --fresh`")
+    k = len(names)
+    if cont and phase == Phase.FAILED and k < len(patches):
+        if _commit_resolution(room, patches[k], result):
+            k += 1
+    elif cont or phase in (Phase.INTERRUPTED, Phase.APPLYING):
+        room.reset_hard("HEAD")
+    return k
+
+
+def _commit_resolution(room: Room, patch: Patch, result: ApplyResult) -> bool:
+    """``--continue`` after a failed patch: what the user changed in the room is committed as that patch
+    (refused while reject files are left). Returns whether there was anything to commit."""
+    changed = status_porcelain(room.path)
+    rejects = sorted(e[3:] for e in changed if e.startswith("?? ") and e.endswith(".rej"))
+    if rejects:
+        raise DcaforgeError(f"the clean room holds {len(rejects)} reject file(s) of a resolution by hand; "
+                            "nothing was committed", where=str(room.path), details="\n".join(rejects),
+                            hint="apply their hunks by hand and delete the .rej files, then run "
+                                 "`dcaforge apply --continue` again")
+    if not changed:
+        return False
+    git(room.path, "add", "-A", ".")
+    git(room.path, "commit", "-q", "--no-verify", "--allow-empty", "-m", commit_message(patch, "resolved by hand"))
+    result.applied_now.append(patch.name)
+    result.methods[patch.name] = "resolved by hand"
+    return True
+
+
+def _apply_series(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
+    """Apply patches[k:] and tag the baseline, recording each phase in the room's state."""
+    result.skipped_to = k
+    room.update_state(phase=Phase.APPLYING, series=series_record(patches), failed=None, rendered=None)
+    _apply_range(room, patches, k, result, hooks)
+    baseline = room.head()
+    git(room.path, "tag", "-f", BASELINE_TAG, baseline)
+    room.update_state(phase=Phase.APPLIED, baseline=baseline)
+    result.baseline = baseline
 
 
 def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, hooks: ApplyHooks) -> None:
@@ -475,9 +447,9 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
             if fail is not None:
                 move_head()
                 room.reset_hard("HEAD")
-                room.update_state(phase="failed", failed={
-                    "patch": patch.name, "index": i, "file": fail.file,
-                    "hunk": fail.hunk.header if fail.hunk else None, "reason": fail.reason})
+                room.update_state(phase=Phase.FAILED, failed=Failed(
+                    patch=patch.name, index=i, file=fail.file, hunk=fail.hunk.header if fail.hunk else None,
+                    reason=fail.reason))
                 raise _failure_error(fail, room.path, i, total, method == "git apply --3way")
             tree = git_out(room.path, "write-tree")
             head = git_out(room.path, "commit-tree", tree, "-p", head, "-m", commit_message(patch))
@@ -490,14 +462,13 @@ def _apply_range(room: Room, patches: list[Patch], k: int, result: ApplyResult, 
         # leave the room at the last committed patch; `apply --continue` resumes there
         move_head()
         room.reset_hard("HEAD")
-        room.update_state(phase="interrupted", failed=None)
+        room.update_state(phase=Phase.INTERRUPTED, failed=None)
         raise
     except (CommandError, SafetyError, ConfigError) as exc:
         # a command failed, or the patch names a path outside the tree (nothing of it was applied)
         move_head()
         room.reset_hard("HEAD")
-        room.update_state(phase="failed", failed={"patch": patches[i].name, "index": i, "file": None,
-                                                  "hunk": None, "reason": exc.message})
+        room.update_state(phase=Phase.FAILED, failed=Failed(patch=patches[i].name, index=i, reason=exc.message))
         raise
 
 

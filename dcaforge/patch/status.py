@@ -8,13 +8,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcaforge.checkout import inspect_checkout
 from dcaforge.config import Config, GitSource
 from dcaforge.errors import DcaforgeError
 from dcaforge.feature.manifest import manifest_digest
 from dcaforge.feature.render import hand_edited_files
-from dcaforge.git import config_problems, inspect_checkout
-from dcaforge.patch.series import applied_names, discover, series_record
+from dcaforge.git import config_problems
+from dcaforge.patch.discover import discover, series_record
+from dcaforge.patch.series import applied_names
 from dcaforge.room.cleanroom import Room
+from dcaforge.room.state import Phase, RoomState
 from dcaforge.room.trees import baseline_tree, tree_diff, worktree_tree
 
 
@@ -62,19 +65,19 @@ def status(cfg: Config) -> StatusResult:
         res.patch_state = "missing" if not cfg.feature_patch.is_file() else "unknown"
         return res
     state = room.load_state()
-    res.phase = state.get("phase")
-    res.base_commit = state.get("base")
+    res.phase = state.phase.value if state.phase else None
+    res.base_commit = state.base
     res.unsafe_config = config_problems(room.path / ".git" / "config")
     if res.unsafe_config:
         return res  # no git runs there until a command that takes the room has removed them
-    res.series_changed = state.get("series") not in (None, series_record(patches))
-    res.failed = state.get("failed")
+    res.series_changed = state.series not in (None, series_record(patches))
+    res.failed = dataclasses.asdict(state.failed) if state.failed else None
     res.series_applied = len(applied_names(room.path))
-    res.baseline = state.get("baseline")
-    res.rendered = bool(state.get("rendered"))
-    res.render_error = state.get("render_error")
+    res.baseline = state.baseline
+    res.rendered = bool(state.rendered)
+    res.render_error = state.render_error
     if res.rendered and (cfg.feature.templates / "manifest.yaml").is_file():
-        res.templates_changed = state.get("templates_digest") != manifest_digest(cfg.feature.templates)
+        res.templates_changed = state.templates_digest != manifest_digest(cfg.feature.templates)
     res.dirty = hand_edited_files(room, state)
     res.interrupted = _interrupted(state)
     if res.interrupted is not None:
@@ -99,16 +102,17 @@ def status(cfg: Config) -> StatusResult:
 
 
 #: what an apply was doing when it stopped, by the phase it left in the room's state
-_STOPPED = {"interrupted": "applying the series", "applying": "applying the series", "created": "applying the series",
-            "creating": "making the clean room", "resetting": "resetting the clean room"}
+_STOPPED = {Phase.INTERRUPTED: "applying the series", Phase.APPLYING: "applying the series",
+            Phase.CREATED: "applying the series", Phase.CREATING: "making the clean room",
+            Phase.RESETTING: "resetting the clean room"}
 
 
-def _interrupted(state: dict[str, Any]) -> str | None:
+def _interrupted(state: RoomState) -> str | None:
     """What an interrupted ``apply`` was doing (None: it was not interrupted): the series (the room stays at its last
     patch), a reset, or the render (``rendering`` is set while the render writes and cleared when it is done)."""
-    phase = state.get("phase")
+    phase = state.phase
     if phase in _STOPPED:
         return _STOPPED[phase]
-    if phase == "applied" and state.get("rendering"):
+    if phase == Phase.APPLIED and state.rendering:
         return "rendering the feature"
     return None

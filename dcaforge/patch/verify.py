@@ -17,7 +17,6 @@ import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dcaforge import confine
 from dcaforge.config import Config
@@ -26,9 +25,10 @@ from dcaforge.feature.manifest import load_manifest, manifest_digest
 from dcaforge.feature.plan import plan
 from dcaforge.feature.render import hand_edited_files
 from dcaforge.git import git, git_out, patch_cmd
-from dcaforge.patch.series import discover, series_record
+from dcaforge.patch.discover import discover, series_record
 from dcaforge.patchfile import parse_patch
 from dcaforge.room.cleanroom import Room, locked
+from dcaforge.room.state import RoomState
 from dcaforge.room.trees import (
     GitTree,
     baseline_commit,
@@ -55,7 +55,8 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> None:
+def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -> str:
+    """Apply ``patch`` (``reverse``: backwards) to the temporary index ``env`` names; returns the tree it gives."""
     args = ["apply", "--cached", "--allow-empty", "--whitespace=nowarn"] + (["-R"] if reverse else []) + [str(patch)]
     res = git(room, *args, env=env, check=False)
     if not res.ok:
@@ -64,6 +65,13 @@ def _apply_cached(room: Path, env: dict[str, str], patch: Path, reverse: bool) -
             f"{'captured tree' if reverse else 'baseline'}",
             where=str(patch), details=res.stderr.strip(),
             hint="`dcaforge capture` writes it again from the clean room (or `dcaforge apply --fresh` makes the room again)")
+    return git_out(room, "write-tree", env=env)
+
+
+def _same_tree(room: Path, got: str, want: str, message: str, details: str, hint: str) -> None:
+    if got != want:
+        raise MismatchError(message, where=f"first differing file: {first_difference(room, got, want)}",
+                            details=details, hint=hint)
 
 
 def rendered_tree(cfg: Config, room: Room) -> str:
@@ -82,9 +90,9 @@ def _commands(cfg: Config, file: Path | None, fresh_render: bool, gnu: bool) -> 
     return capture, f"`dcaforge verify{''.join(' ' + a for a in args)}`"
 
 
-def _stale_hint(cfg: Config, room: Room, state: dict[str, Any], capture: str, again: str) -> str:
+def _stale_hint(cfg: Config, room: Room, state: RoomState, capture: str, again: str) -> str:
     """What makes the committed patch what the templates render again, by why it differs."""
-    if state.get("templates_digest") != manifest_digest(cfg.feature.templates):
+    if state.templates_digest != manifest_digest(cfg.feature.templates):
         return f"the templates changed since the clean room was rendered: `dcaforge render`, then {capture}, then {again}"
     hand = hand_edited_files(room, state)
     if hand:
@@ -141,7 +149,7 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
         state = room.load_state()
         notes: list[str] = []
         if fresh_render:
-            if state.get("series") != series_record(discover(cfg)):
+            if state.series != series_record(discover(cfg)):
                 raise DcaforgeError("the series changed since the clean room was applied",
                                     where=str(room.path), hint=f"`dcaforge apply`, then {again}")
             expected = rendered_tree(cfg, room)
@@ -158,29 +166,20 @@ def verify(cfg: Config, file: Path | None = None, *, fresh_render: bool = False,
                     details="\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""),
                     hint=_stale_hint(cfg, room, state, capture, again))
         else:
-            cap = state.get("captured") or {}
-            if cap.get("sha256") == sha and cap.get("tree"):
-                expected, expected_from = cap["tree"], "capture"
+            cap = state.captured
+            if cap is not None and cap.sha256 == sha and cap.tree:
+                expected, expected_from = cap.tree, "capture"
             else:
                 expected, expected_from = worktree_tree(room.path), "work tree"
                 notes.append("the patch is not the last capture: compared with the room's work tree")
         with temp_index(room.path, seed=False) as env:
             git(room.path, "read-tree", base, env=env)
-            _apply_cached(room.path, env, patch, reverse=False)
-            forward = git_out(room.path, "write-tree", env=env)
-            if forward != expected:
-                raise MismatchError(
-                    f"forward-applying {patch.name} to the baseline does not give the {expected_from} tree",
-                    where=f"first differing file: {first_difference(room.path, forward, expected)}",
-                    details=f"forward {forward} != expected {expected}",
-                    hint=f"{capture}, then {again}")
-            _apply_cached(room.path, env, patch, reverse=True)
-            reverse = git_out(room.path, "write-tree", env=env)
-            if reverse != base:
-                raise MismatchError(
-                    f"reverse-applying {patch.name} does not give the baseline back",
-                    where=f"first differing file: {first_difference(room.path, reverse, base)}",
-                    details=f"reverse {reverse} != baseline {base}", hint=f"{capture}, then {again}")
+            forward = _apply_cached(room.path, env, patch, reverse=False)
+            _same_tree(room.path, forward, expected, f"forward-applying {patch.name} to the baseline does not give the "
+                       f"{expected_from} tree", f"forward {forward} != expected {expected}", f"{capture}, then {again}")
+            reverse = _apply_cached(room.path, env, patch, reverse=True)
+            _same_tree(room.path, reverse, base, f"reverse-applying {patch.name} does not give the baseline back",
+                       f"reverse {reverse} != baseline {base}", f"{capture}, then {again}")
         if gnu:
             _verify_gnu(room.path, patch, base, expected, capture, again)
         return VerifyResult(patch=patch, baseline_tree=base, expected_tree=expected, expected_from=expected_from,

@@ -4,4 +4,4 @@
 The wing's front: the modules that code outside the wing may import (docs/development.md, "The wings");
 the others are the wing's inside. tests/core/test_structure.py reads FRONT without importing anything."""
 
-FRONT = ("cleanroom", "trees", "source", "start", "blame")
+FRONT = ("cleanroom", "state", "trees", "source", "start", "blame")

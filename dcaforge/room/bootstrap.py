@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcaforge import confine
+from dcaforge.checkout import CheckoutInfo
 from dcaforge.config import Config
 from dcaforge.configsections import BootstrapStep
 from dcaforge.errors import CommandError, ConfigError, MismatchError
-from dcaforge.git import CheckoutInfo, git, git_out, patch_cmd, run
+from dcaforge.git import git, git_out, patch_cmd, run
 from dcaforge.patchfile import gnu_failure, gnu_names, load_patch, read_patch
 
 BOOTSTRAP_MESSAGE = "dcaforge: bootstrap"

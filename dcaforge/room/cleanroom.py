@@ -5,7 +5,7 @@ Layout of a room ``<workspace>/<name>``:
 - ``.git/dcaforge/marker.json``: says dcaforge made this folder; only such folders are ever
   reset or deleted.
 - ``.git/dcaforge/state.json``: source, start commit, series, progress, baseline, rendered
-  files, last capture (written atomically).
+  files, last capture (written atomically; :mod:`dcaforge.room.state`).
 - ``<workspace>/<name>.lock`` beside the room: held (``flock``) by the run that owns the room and
   recording it (pid, host, start, command); the kernel drops the hold when that process ends, however
   it ends, so a lock is never stale and two runs can never both hold it.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from dcaforge import guard
 from dcaforge.config import Config
 from dcaforge.errors import DcaforgeError, LockedError, SafetyError
 from dcaforge.git import git, git_out, repair_repo_config
+from dcaforge.room.state import RoomState, read_state
 
 log = logging.getLogger("dcaforge")
 
@@ -176,21 +177,15 @@ class Room:
                 hint="move that folder away, or choose another 'name:'/'cleanroom:' in the config")
 
     # --- state ----------------------------------------------------------------------
-    def load_state(self) -> dict[str, Any]:
-        try:
-            return dict(json.loads(self.state_file.read_text()))
-        except FileNotFoundError:
-            return {}
-        except ValueError as exc:
-            raise DcaforgeError(f"the clean room's state file is corrupt: {exc}", where=str(self.state_file),
-                                hint="`dcaforge apply --fresh`") from None
+    def load_state(self) -> RoomState:
+        return read_state(self.state_file)
 
-    def save_state(self, state: dict[str, Any]) -> None:
-        write_atomic(self.state_file, dump_json(state), what="the clean room's state")
+    def save_state(self, state: RoomState) -> None:
+        write_atomic(self.state_file, state.dump(), what="the clean room's state")
 
-    def update_state(self, **changes: Any) -> dict[str, Any]:
-        state = self.load_state()
-        state.update(changes)
+    def update_state(self, **changes: Any) -> RoomState:
+        """Set the fields named (:class:`RoomState`'s) and write the state file."""
+        state = replace(self.load_state(), **changes)
         self.save_state(state)
         return state
 

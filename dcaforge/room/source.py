@@ -28,9 +28,10 @@ from pathlib import Path
 
 from dcaforge import confine
 from dcaforge import trust as consent
+from dcaforge.checkout import CheckoutInfo, inspect_checkout
 from dcaforge.config import Config, GitSource, PypiSource
 from dcaforge.errors import CommandError, ConfigError, SafetyError
-from dcaforge.git import CheckoutInfo, git, git_out, inspect_checkout, is_inside, run_streaming
+from dcaforge.git import git, git_out, is_inside, run_streaming
 
 
 def cache_root() -> Path:

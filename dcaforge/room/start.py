@@ -13,7 +13,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,10 @@ from dcaforge import trust as consent
 from dcaforge.config import Config
 from dcaforge.errors import ConfigError, DcaforgeError, SafetyError
 from dcaforge.git import git, git_out, repair_repo_config, rev_parse
-from dcaforge.room.bootstrap import SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
+from dcaforge.room.bootstrap import BootstrapReport, SubmoduleReport, absent_error, checkout_modules, init_submodules, run_bootstrap
 from dcaforge.room.cleanroom import BASELINE_TAG, START_TAG, Room
 from dcaforge.room.source import BaseSource
+from dcaforge.room.state import Phase, RoomState
 
 
 def _copy_wip(base: BaseSource, room: Path, notes: list[str]) -> list[str]:
@@ -139,38 +140,8 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
     guard.remove_leftover(modules, "the stand-ins for the source checkout's submodule clones")
     step = on_step or (lambda s: None)
     try:
-        step(f"cloning {base.description}")
-        clone = ["clone", "-q", "--no-checkout"]
-        if base.checkout is not None:
-            clone.append("--no-hardlinks")  # never share inodes with the user's repository
-        git(room.workspace, *clone, "--", base.clone_url, str(tmp),
-            hint="check source.git / source.ref in the config")
-        commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
-        if commit is None:
-            raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
-                              hint=f"see the refs it has: `git ls-remote {shlex.quote(base.clone_url)}`")
-        step(f"checking out {commit[:12]}")
-        git(tmp, "checkout", "-q", "--detach", commit, "--")
-        if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
-            result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
-                                "(a branch or tag can move)")
-        subs = SubmoduleReport()
-        if base.submodules:
-            paths = list(base.submodules) if isinstance(base.submodules, tuple) else None
-            step("checking out submodules")
-            try:
-                init_submodules(tmp, paths, checkout_modules(base.checkout), subs, modules)
-            finally:
-                shutil.rmtree(modules, ignore_errors=True)
-            unknown = [p for p in paths or [] if p not in subs.listed]
-            if unknown:
-                raise ConfigError(f"source.submodules names {', '.join(unknown)}, which no .gitmodules declares",
-                                  where="source.submodules",
-                                  hint="declared: " + (", ".join(sorted(subs.declared)) or "none") + " (a nested one "
-                                  "as parent/path, with its parent listed)")
-            for sub, local in sorted(subs.local.items()):
-                result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
-            result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp, subs)))
+        commit = _clone(base, room, tmp, result, step)
+        subs = _submodules(base, tmp, modules, result, step)
         check_llama_cpp_dir(cfg, tmp)
         (tmp / ".git" / "dcaforge").mkdir(parents=True, exist_ok=True)
         if include_wip:
@@ -178,45 +149,14 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
             git(tmp, "add", "-A", ".")
             git(tmp, "commit", "-q", "--no-verify", "--allow-empty", "-m",
                 "dcaforge: uncommitted work copied from the source checkout\n")
-        if trusted is not None:
-            cmds = consent.commands(cfg)
-            step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
-                 f"(trusted: {trusted.why}):")
-            for c in cmds:
-                for k, line in enumerate(consent.full_text(c).splitlines()):
-                    step(("  $ " if k == 0 else "    ") + line)
-        try:
-            boot = run_bootstrap(cfg, tmp, on_step=step)
-        except DcaforgeError as exc:
-            if subs.absent:
-                exc.hint = (exc.hint or "") + ("; note: not checked out (in no clone of your checkout): "
-                                               + ", ".join(a.path for a in subs.absent))
-            raise
-        _check_absent(subs, tmp, base, cfg, result.notes)
-        removed = repair_repo_config(tmp / ".git")
-        if removed:
-            result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
-                                f"commands: {', '.join(removed)}")
-        check_llama_cpp_dir(cfg, tmp)
-        if boot.patches:
-            n = len(boot.patches)
-            result.notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied "
-                                "(patch -p1 --fuzz=0)")
-        if boot.ignored_committed:
-            n = len(boot.ignored_committed)
-            result.notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
-                                f"ignores: {', '.join(boot.ignored_committed[:5])}"
-                                + (" ..." if len(boot.ignored_committed) > 5 else ""))
-        if boot.ignored_folders:
-            result.notes.append(f"bootstrap: left ignored folders out of the start commit: "
-                                f"{', '.join(boot.ignored_folders[:5])}")
+        _bootstrap(cfg, base, tmp, subs, trusted, result, step)
         git(tmp, "tag", "-f", START_TAG, "HEAD")
         marker = Room(tmp, room.workspace)
         marker.mark({"config": cfg.describe(), "source": base.description})
-        marker.save_state({"phase": "created", "source": base.description, "base": commit,
-                           "start": git_out(tmp, "rev-parse", "HEAD"), "config": cfg.describe(),
-                           "bootstrap": bootstrap_record(cfg), "submodules": submodules_record(base),
-                           "wip": bool(include_wip)})
+        marker.save_state(RoomState(phase=Phase.CREATED, source=base.description, base=commit,
+                                    start=git_out(tmp, "rev-parse", "HEAD"), config=cfg.describe(),
+                                    bootstrap=bootstrap_record(cfg), submodules=submodules_record(base),
+                                    wip=bool(include_wip)))
         if room.path.exists():
             room.path.rmdir()  # an empty folder (check_can_create) or nothing
         os.replace(tmp, room.path)
@@ -225,6 +165,89 @@ def create(cfg: Config, room: Room, base: BaseSource, *, include_wip: bool, trus
         shutil.rmtree(modules, ignore_errors=True)
         raise
     return result
+
+
+def _clone(base: BaseSource, room: Room, tmp: Path, result: Started, step: Callable[[str], None]) -> str:
+    """Clone ``base`` into ``tmp`` and check out its ref; returns the commit."""
+    step(f"cloning {base.description}")
+    clone = ["clone", "-q", "--no-checkout"]
+    if base.checkout is not None:
+        clone.append("--no-hardlinks")  # never share inodes with the user's repository
+    git(room.workspace, *clone, "--", base.clone_url, str(tmp),
+        hint="check source.git / source.ref in the config")
+    commit = rev_parse(tmp, base.ref) or rev_parse(tmp, f"origin/{base.ref}")
+    if commit is None:
+        raise ConfigError(f"ref {base.ref!r} not found in {base.clone_url}", where="source.ref",
+                          hint=f"see the refs it has: `git ls-remote {shlex.quote(base.clone_url)}`")
+    step(f"checking out {commit[:12]}")
+    git(tmp, "checkout", "-q", "--detach", commit, "--")
+    if not re.fullmatch(r"[0-9a-f]{40}", base.ref) and base.ref != commit:
+        result.notes.append(f"source.ref {base.ref!r} is {commit}; pin that commit in the config "
+                            "(a branch or tag can move)")
+    return commit
+
+
+def _submodules(base: BaseSource, tmp: Path, modules: Path, result: Started,
+                step: Callable[[str], None]) -> SubmoduleReport:
+    """The submodules the source names, checked out and flattened into the tree (none: an empty report)."""
+    subs = SubmoduleReport()
+    if not base.submodules:
+        return subs
+    paths = list(base.submodules) if isinstance(base.submodules, tuple) else None
+    step("checking out submodules")
+    try:
+        init_submodules(tmp, paths, checkout_modules(base.checkout), subs, modules)
+    finally:
+        shutil.rmtree(modules, ignore_errors=True)
+    unknown = [p for p in paths or [] if p not in subs.listed]
+    if unknown:
+        raise ConfigError(f"source.submodules names {', '.join(unknown)}, which no .gitmodules declares",
+                          where="source.submodules",
+                          hint="declared: " + (", ".join(sorted(subs.declared)) or "none") + " (a nested one "
+                          "as parent/path, with its parent listed)")
+    for sub, local in sorted(subs.local.items()):
+        result.notes.append(f"submodule {sub} cloned from your checkout's {local}")
+    result.notes.append("flattened submodules: " + ", ".join(_flatten_submodules(tmp, subs)))
+    return subs
+
+
+def _bootstrap(cfg: Config, base: BaseSource, tmp: Path, subs: SubmoduleReport, trusted: consent.Trust | None,
+               result: Started, step: Callable[[str], None]) -> None:
+    """Run the bootstrap steps in ``tmp`` (its commands shown first, when trusted), then check what they left."""
+    if trusted is not None:
+        cmds = consent.commands(cfg)
+        step(f"bootstrap: running {len(cmds)} command{'s' if len(cmds) != 1 else ''} of {cfg.describe()} "
+             f"(trusted: {trusted.why}):")
+        for c in cmds:
+            for k, line in enumerate(consent.full_text(c).splitlines()):
+                step(("  $ " if k == 0 else "    ") + line)
+    try:
+        boot = run_bootstrap(cfg, tmp, on_step=step)
+    except DcaforgeError as exc:
+        if subs.absent:
+            exc.hint = (exc.hint or "") + ("; note: not checked out (in no clone of your checkout): "
+                                           + ", ".join(a.path for a in subs.absent))
+        raise
+    _check_absent(subs, tmp, base, cfg, result.notes)
+    removed = repair_repo_config(tmp / ".git")
+    if removed:
+        result.notes.append("bootstrap: removed settings from the room's .git/config that could make git run "
+                            f"commands: {', '.join(removed)}")
+    check_llama_cpp_dir(cfg, tmp)
+    _bootstrap_notes(boot, result.notes)
+
+
+def _bootstrap_notes(boot: BootstrapReport, notes: list[str]) -> None:
+    if boot.patches:
+        n = len(boot.patches)
+        notes.append(f"bootstrap: {n} patch{'es' if n != 1 else ''} of the tree applied (patch -p1 --fuzz=0)")
+    if boot.ignored_committed:
+        n = len(boot.ignored_committed)
+        notes.append(f"bootstrap: committed {n} file{'s' if n != 1 else ''} the tree's .gitignore "
+                     f"ignores: {', '.join(boot.ignored_committed[:5])}"
+                     + (" ..." if len(boot.ignored_committed) > 5 else ""))
+    if boot.ignored_folders:
+        notes.append(f"bootstrap: left ignored folders out of the start commit: {', '.join(boot.ignored_folders[:5])}")
 
 
 def check_llama_cpp_dir(cfg: Config, tree: Path) -> None:
@@ -245,26 +268,27 @@ def submodules_record(base: BaseSource) -> bool | list[str]:
     return list(base.submodules) if isinstance(base.submodules, tuple) else bool(base.submodules)
 
 
-def can_reset(cfg: Config, state: dict[str, Any], base: BaseSource, include_wip: bool) -> bool:
+def can_reset(cfg: Config, state: RoomState, base: BaseSource, include_wip: bool) -> bool:
     """Can ``--fresh`` reuse this room (reset to its start) instead of cloning again? Only when
     the same pinned commit, submodules and bootstrap made it: the start commit is then exactly
     what a new clone would give (submodule commits are pinned by the superproject commit)."""
-    if include_wip or state.get("wip") or not state.get("start"):
+    if include_wip or state.wip or not state.start:
         return False
-    if state.get("source") != base.description or state.get("bootstrap") != bootstrap_record(cfg):
+    if state.source != base.description or state.bootstrap != bootstrap_record(cfg):
         return False
-    if state.get("submodules", False) != submodules_record(base):
+    if (state.submodules if state.submodules is not None else False) != submodules_record(base):
         return False
     if not re.fullmatch(r"[0-9a-f]{40}", base.ref):  # a branch or tag may have moved
         return False
-    return state.get("base") == base.ref and rev_parse(cfg.room, START_TAG) == state.get("start")
+    return state.base == base.ref and rev_parse(cfg.room, START_TAG) == state.start
 
 
-def reset_to_start(room: Room, state: dict[str, Any]) -> None:
+def reset_to_start(room: Room, state: RoomState) -> None:
     """Back to the start commit, every other file (ignored ones included) removed; recorded as
     ``resetting`` first, so an interrupted reset is done again by the next apply."""
-    keep = {k: state[k] for k in ("source", "base", "start", "config", "bootstrap", "submodules") if k in state}
-    room.save_state(keep | {"phase": "resetting"})
+    keep = RoomState(source=state.source, base=state.base, start=state.start, config=state.config,
+                     bootstrap=state.bootstrap, submodules=state.submodules)
+    room.save_state(replace(keep, phase=Phase.RESETTING))
     git(room.path, "tag", "-d", BASELINE_TAG, check=False)
     room.reset_hard(START_TAG, everything=True)
-    room.save_state(keep | {"phase": "created"})
+    room.save_state(replace(keep, phase=Phase.CREATED))

@@ -27,7 +27,8 @@ from dcaforge.feature.drift import Canary
 from dcaforge.feature.render import RenderResult
 from dcaforge.feature.templatize import TemplatizeResult
 from dcaforge.patch.capture import CaptureResult
-from dcaforge.patch.series import ApplyHooks, ApplyResult, apply, discover
+from dcaforge.patch.discover import discover
+from dcaforge.patch.series import ApplyHooks, ApplyResult, apply
 from dcaforge.patch.status import StatusResult, status
 from dcaforge.patch.verify import VerifyResult
 

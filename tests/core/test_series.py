@@ -15,6 +15,7 @@ from dcaforge.errors import DcaforgeError, MismatchError
 from dcaforge.patch.series import ApplyHooks, applied_names, apply
 from dcaforge.patchfile import parse_hunks
 from dcaforge.room.cleanroom import Room
+from dcaforge.room.state import Phase
 
 from .helpers import LLAMA, make_patch_git, make_patch_gnu, replace_line, sh, sigint_default
 
@@ -48,7 +49,7 @@ def test_conflicting_hunk_is_reported_and_resumable(project) -> None:
     room = cfg.room
     assert _head_subject(room) == "0001-a"
     assert sh(["git", "status", "--porcelain"], room).stdout == b""
-    assert Room.of(cfg).load_state()["phase"] == "failed"
+    assert Room.of(cfg).load_state().phase == Phase.FAILED
     # a plain apply refuses and says how to resume
     with pytest.raises(DcaforgeError, match="stopped at 0002-b.patch"):
         apply(cfg)
@@ -153,7 +154,7 @@ def test_interrupt_mid_series_leaves_a_resumable_room(project) -> None:
     room = cfg.room
     assert applied_names(room) == ["0001-p.patch", "0002-p.patch", "0003-p.patch"]
     assert sh(["git", "status", "--porcelain"], room).stdout == b""
-    assert Room.of(cfg).load_state()["phase"] == "interrupted"
+    assert Room.of(cfg).load_state().phase == Phase.INTERRUPTED
     assert not Room.of(cfg).lock_file.exists()
     with pytest.raises(DcaforgeError, match="interrupted"):
         apply(cfg)

@@ -203,3 +203,22 @@ def test_verify_gnu_patch(project) -> None:
     capture(cfg)
     with pytest.raises(MismatchError, match="GNU patch"):
         verify(cfg, gnu=True)
+
+
+def test_verify_names_the_first_file_that_differs_from_the_work_tree(project) -> None:
+    """A patch that is not the last capture is checked against the room's work tree: forward-applied to the
+    baseline it must give that tree, and the error names the first file that differs."""
+    _series(project)
+    cfg = project.config
+    apply(cfg)
+    capture(cfg)
+    replace_line(cfg.room / "src/llama-dca.cpp", "int dca_chunk = 8192;", "int dca_chunk = 4096;")
+    capture(cfg, project.tmp / "other.patch")  # the last capture is now another patch
+    with pytest.raises(MismatchError) as exc:
+        verify(cfg)
+    err = exc.value
+    assert err.message == "forward-applying 0078-dca.patch to the baseline does not give the work tree tree"
+    assert err.where == "first differing file: src/llama-dca.cpp"
+    assert (err.details or "").startswith("forward ") and " != expected " in (err.details or "")
+    assert err.hint == "`dcaforge capture`, then `dcaforge verify`"
+    assert verify(cfg, project.tmp / "other.patch").expected_from == "capture"

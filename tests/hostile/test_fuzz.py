@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from dcaforge.confine import path_problem
 from dcaforge.errors import DcaforgeError
 from dcaforge.git import config_problems, status_porcelain
-from dcaforge.patch.series import apply_one, check_series
+from dcaforge.patch.discover import check_series
+from dcaforge.patch.series import apply_one
 from dcaforge.patchfile import load_patch
 from dcaforge.room.cleanroom import Room
 
