@@ -56,7 +56,7 @@ def require_wiring(cfg: Config, room: Room, tree: Path) -> None:
                  "then `dcaforge render` and build again; `dcaforge render --check` shows the wiring")
 
 
-def require_rendered(cfg: Config, room: Room) -> dict:
+def require_rendered(cfg: Config, room: Room) -> RoomState:
     """A dry run's room must be "series applied and feature rendered", as capture requires it (an unrendered room
     would pass: the feature adds no file there); returns the room's state."""
     from dcaforge.patch.capture import check_whole

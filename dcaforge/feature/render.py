@@ -14,7 +14,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dcaforge import confine, guard
 from dcaforge.config import Config
