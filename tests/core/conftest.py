@@ -89,7 +89,11 @@ class Project:
         self.tmp = tmp
         self.source = tmp / "src-checkout"
         self.base = git_init(self.source, source_files())
-        self.work = tmp / "work"
+        self._set_up_work()
+
+    def _set_up_work(self) -> None:
+        """The work folder (patches, feature, config) beside ``self.source``; the source's snapshot."""
+        self.work = self.tmp / "work"
         self.work.mkdir()
         self.patches = self.work / "patches"
         self.patches.mkdir()

@@ -25,7 +25,7 @@ from dcaforge.config import parse_config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError
 from dcaforge.patch.series import apply
 
-from .helpers import git_init, sigint_default
+from .helpers import git_init, minimal_config, sigint_default
 
 needs = pytest.mark.skipif(not all(shutil.which(t) for t in ("cmake", "ninja", "gcc", "make")),
                            reason="cmake, ninja, gcc and make are needed (.ci/run installs them)")
@@ -110,16 +110,7 @@ def test_first_error_of_nvcc_and_make_lines() -> None:
 
 # --- config ----------------------------------------------------------------------------------
 
-BASE = """\
-name: room
-source:
-  git: /nowhere
-feature:
-  number: 78
-  name: dca
-  templates: templates/dca
-  marker: "// m"
-"""
+BASE = minimal_config(cleanroom=None)
 
 
 def _cfg(tmp_path: Path, extra: str):

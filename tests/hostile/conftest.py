@@ -75,14 +75,7 @@ class Arena(Project):
             self.source = tmp / "src-checkout"
             shutil.copytree(template, self.source, symlinks=True)
             self.base = sh(["git", "rev-parse", "HEAD"], self.source).stdout.decode().strip()
-            self.work = tmp / "work"
-            self.work.mkdir()
-            self.patches = self.work / "patches"
-            self.patches.mkdir()
-            self.feature = write_feature(self.work)
-            self.config_path = self.work / "dcaforge.yaml"
-            self.write_config()
-            self.before = snapshot(self.source)
+            self._set_up_work()
         self.canary = tmp / "canary"
         self.canary.mkdir()
         (self.canary / "secret.txt").write_text("the user's secret\n")
