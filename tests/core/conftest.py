@@ -65,6 +65,16 @@ FEATURE_MANIFEST = textwrap.dedent("""\
     """)
 
 
+# an edit whose anchor (line_0100) is in no file of the source; tests add alternatives (indented 4) after it
+UNANCHORED_EDIT = """\
+edits:
+  - file: src/llama.cpp
+    anchor: 'int line_0100 = 100;'
+    action: replace
+    text: 'x'
+"""
+
+
 def write_feature(root: Path, manifest: str = FEATURE_MANIFEST) -> Path:
     feat = root / "templates" / "dca"
     (feat / "src").mkdir(parents=True, exist_ok=True)
