@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from dcaforge.config import Config, parse_config
+from dcaforge.patch.capture import capture
+from dcaforge.patch.verify import verify
 
 from .helpers import git_init, snapshot, source_files
 
@@ -135,3 +137,13 @@ class Project:
 
     def assert_source_untouched(self) -> None:
         assert snapshot(self.source) == self.before
+
+    def assert_round_trip(self, cfg: Config, under: str) -> None:
+        """capture writes a patch whose every file is under ``under`` (a folder, with its slash); verify passes,
+        also from a fresh render; the source is untouched."""
+        cap = capture(cfg)
+        diffs = [ln for ln in cap.path.read_text().splitlines() if ln.startswith("diff --git")]
+        assert diffs and all(d.startswith(f"diff --git a/{under}") for d in diffs)
+        verify(cfg)
+        verify(cfg, fresh_render=True)
+        self.assert_source_untouched()
