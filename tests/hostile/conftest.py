@@ -92,6 +92,18 @@ class Arena(Project):
     def snapshot(self) -> dict[str, tuple[int, str]]:
         return tree_hashes(self.tmp, self.skip)
 
+    def evil_index(self, monkeypatch: pytest.MonkeyPatch) -> Path:
+        """A local index (pip's only one, through PIP_NO_INDEX and PIP_FIND_LINKS) holding an sdist whose
+        build backend creates the canary when pip prepares it; returns its folder."""
+        from tests.core.test_trust import evil_sdist
+
+        links = self.tmp / "links"
+        links.mkdir()
+        evil_sdist(links, self.ran)
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+        return links
+
     def cli(self, *args: str) -> Outcome:
         r = _RUNNER.invoke(app, [str(a) for a in args])
         if r.exception is not None and not isinstance(r.exception, SystemExit):
