@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from dcaforge.cli import app
 from tests.core.conftest import FEATURE_MANIFEST, Project, isolated, write_feature  # noqa: F401 (the autouse fixture)
-from tests.core.helpers import USER_GIT, build_tree, git_init, sh, snapshot, source_files
+from tests.core.helpers import USER_GIT, build_tree, git_init, sh, source_files
 
 GENERIC_HINT = "run it again with -v to see every git/patch command"
 _RUNNER = CliRunner()
