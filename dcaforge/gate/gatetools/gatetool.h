@@ -1,5 +1,6 @@
-// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the options both take and
-// the context parameters they make, the generated token sequence. Header-only (static functions): each driver is one
+// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the options both take, the
+// argument loop and the context parameters they make, the model and the context, the generated token sequence, the
+// output's writing and the end of its JSON line, the cleanup. Header-only (static functions): each driver is one
 // translation unit.
 #pragma once
 
