@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from dcaforge.config import Config, parse_config
+from dcaforge.patch.capture import capture
+from dcaforge.patch.verify import verify
 
 from .helpers import git_init, snapshot, source_files
 
@@ -65,6 +67,16 @@ FEATURE_MANIFEST = textwrap.dedent("""\
     """)
 
 
+# an edit whose anchor (line_0100) is in no file of the source; tests add alternatives (indented 4) after it
+UNANCHORED_EDIT = """\
+edits:
+  - file: src/llama.cpp
+    anchor: 'int line_0100 = 100;'
+    action: replace
+    text: 'x'
+"""
+
+
 def write_feature(root: Path, manifest: str = FEATURE_MANIFEST) -> Path:
     feat = root / "templates" / "dca"
     (feat / "src").mkdir(parents=True, exist_ok=True)
@@ -89,7 +101,11 @@ class Project:
         self.tmp = tmp
         self.source = tmp / "src-checkout"
         self.base = git_init(self.source, source_files())
-        self.work = tmp / "work"
+        self._set_up_work()
+
+    def _set_up_work(self) -> None:
+        """The work folder (patches, feature, config) beside ``self.source``; the source's snapshot."""
+        self.work = self.tmp / "work"
         self.work.mkdir()
         self.patches = self.work / "patches"
         self.patches.mkdir()
@@ -121,3 +137,13 @@ class Project:
 
     def assert_source_untouched(self) -> None:
         assert snapshot(self.source) == self.before
+
+    def assert_round_trip(self, cfg: Config, under: str) -> None:
+        """capture writes a patch whose every file is under ``under`` (a folder, with its slash); verify passes,
+        also from a fresh render; the source is untouched."""
+        cap = capture(cfg)
+        diffs = [ln for ln in cap.path.read_text().splitlines() if ln.startswith("diff --git")]
+        assert diffs and all(d.startswith(f"diff --git a/{under}") for d in diffs)
+        verify(cfg)
+        verify(cfg, fresh_render=True)
+        self.assert_source_untouched()

@@ -14,6 +14,14 @@ USER_GIT = ["git", "-c", "user.name=Test User", "-c", "user.email=test@example.c
             "-c", "commit.gpgSign=false", "-c", "init.defaultBranch=main"]
 
 
+def minimal_config(cleanroom: str | None = "ws") -> str:
+    """The text of a dcaforge.yaml with only what every config needs (a source that is never read, the feature),
+    and ``cleanroom: <cleanroom>`` unless None; tests add their sections after it."""
+    room = f"cleanroom: {cleanroom}\n" if cleanroom is not None else ""
+    return (f"name: room\n{room}source:\n  git: /nowhere\n"
+            'feature:\n  number: 78\n  name: dca\n  templates: templates/dca\n  marker: "// m"\n')
+
+
 def sh(argv: list[str], cwd: Path, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, check=check, capture_output=True, input=input)
 

@@ -25,7 +25,7 @@ from dcaforge.config import parse_config
 from dcaforge.errors import BuildError, ConfigError, DcaforgeError, ToolchainError
 from dcaforge.patch.series import apply
 
-from .helpers import git_init, sigint_default
+from .helpers import git_init, minimal_config, sigint_default
 
 needs = pytest.mark.skipif(not all(shutil.which(t) for t in ("cmake", "ninja", "gcc", "make")),
                            reason="cmake, ninja, gcc and make are needed (.ci/run installs them)")
@@ -110,16 +110,7 @@ def test_first_error_of_nvcc_and_make_lines() -> None:
 
 # --- config ----------------------------------------------------------------------------------
 
-BASE = """\
-name: room
-source:
-  git: /nowhere
-feature:
-  number: 78
-  name: dca
-  templates: templates/dca
-  marker: "// m"
-"""
+BASE = minimal_config(cleanroom=None)
 
 
 def _cfg(tmp_path: Path, extra: str):
@@ -263,6 +254,21 @@ edits:
 """
 
 
+def _feature_room(tmp_path: Path, feature: dict[str, str], config: str, render: bool = True):
+    """work/templates/feat (``feature``: its files by path, manifest.yaml among them), work/patches and
+    work/dcaforge.yaml (``config``) under ``tmp_path``; then a real apply. Returns the parsed config."""
+    feat = tmp_path / "work" / "templates" / "feat"
+    for rel, text in feature.items():
+        (feat / rel).parent.mkdir(parents=True, exist_ok=True)
+        (feat / rel).write_text(text)
+    (tmp_path / "work" / "patches").mkdir()
+    cfgp = tmp_path / "work" / "dcaforge.yaml"
+    cfgp.write_text(config)
+    cfg = parse_config(cfgp)
+    apply(cfg, render=render)
+    return cfg
+
+
 @pytest.fixture
 def tiny_room(tmp_path: Path):
     """A clean room (real apply) of a tiny C project with a one-file feature; ccache off."""
@@ -270,18 +276,12 @@ def tiny_room(tmp_path: Path):
     git_init(src, {"CMakeLists.txt": TINY_CMAKE, "src/a.c": "int a(void) { return 1; }\n",
                    "src/b.c": "int b(void) { return 2; }\n",
                    "src/main.c": "int a(void); int b(void);\nint main(void) { return a() + b() - 3; }\n"})
-    feat = tmp_path / "work" / "templates" / "feat"
-    feat.mkdir(parents=True)
-    (feat / "manifest.yaml").write_text(MANIFEST)
-    (feat / "feature.c.j2").write_text("{{ marker }}\nint feature(void) { return {{ vars.value }}; }\n")
-    (tmp_path / "work" / "patches").mkdir()
-    cfgp = tmp_path / "work" / "dcaforge.yaml"
-    cfgp.write_text(f"name: room\ncleanroom: ../ws\nsource:\n  git: {src}\nfeature:\n  number: 78\n  name: feat\n"
-                    "  templates: templates/feat\n  marker: '// m'\n  vars: {value: 7}\n"
-                    "build:\n  ccache: false\n  jobs: 2\n  cmake:\n    targets: [hello, llama]\n")
-    cfg = parse_config(cfgp)
-    apply(cfg)
-    return cfg
+    return _feature_room(
+        tmp_path, {"manifest.yaml": MANIFEST,
+                   "feature.c.j2": "{{ marker }}\nint feature(void) { return {{ vars.value }}; }\n"},
+        f"name: room\ncleanroom: ../ws\nsource:\n  git: {src}\nfeature:\n  number: 78\n  name: feat\n"
+        "  templates: templates/feat\n  marker: '// m'\n  vars: {value: 7}\n"
+        "build:\n  ccache: false\n  jobs: 2\n  cmake:\n    targets: [hello, llama]\n")
 
 
 @needs
@@ -388,16 +388,11 @@ def test_llamafile_backend_needs_cosmocc_then_runs_make_and_cuda_sh(tmp_path: Pa
     git_init(src, {"Makefile": LF_MAKEFILE, "build/config.mk": "PREFIX = /usr/local\nCOSMOCC = .cosmocc/4.0.2\n",
                    "llamafile/cuda.sh": (CUDA_SH, 0o755), "llama.cpp/README.md": "vendored\n",
                    ".gitignore": "/o\n/.cosmocc\n"})
-    feat = tmp_path / "work" / "templates" / "feat"
-    feat.mkdir(parents=True)
-    (feat / "manifest.yaml").write_text("files: []\nedits: []\n")
-    (tmp_path / "work" / "patches").mkdir()
-    cfgp = tmp_path / "work" / "dcaforge.yaml"
-    cfgp.write_text(f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
-                    "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
-                    "build:\n  backend: llamafile\n  llamafile:\n    cuda_flags: [--arch, sm_86]\n")
-    cfg = parse_config(cfgp)
-    apply(cfg)
+    cfg = _feature_room(
+        tmp_path, {"manifest.yaml": "files: []\nedits: []\n"},
+        f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
+        "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
+        "build:\n  backend: llamafile\n  llamafile:\n    cuda_flags: [--arch, sm_86]\n")
     with pytest.raises(ToolchainError) as ei:
         bmod.build(cfg)
     assert "cosmocc is not in the tree" in ei.value.message and "dcaforge never downloads it" in ei.value.message
@@ -570,17 +565,13 @@ def test_dry_run_refuses_an_unrendered_room(tmp_path: Path) -> None:
     compiled and linked" (nothing was added, so nothing was missing): now refused as capture refuses it."""
     src = tmp_path / "llamafile"
     git_init(src, {"Makefile": "o//llamafile/llamafile:\n\t@true\n", "llama.cpp/src/llama.cpp": "int x;\n", ".gitignore": "/o\n"})
-    feat = tmp_path / "work" / "templates" / "feat"
-    (feat / "src").mkdir(parents=True)
-    (feat / "src" / "added.cpp.j2").write_text("int added;\n")
-    (feat / "manifest.yaml").write_text("files:\n- template: src/added.cpp.j2\n  dest: src/added.cpp\nedits: []\n")
-    (tmp_path / "work" / "patches").mkdir()
+    cfg = _feature_room(
+        tmp_path, {"src/added.cpp.j2": "int added;\n",
+                   "manifest.yaml": "files:\n- template: src/added.cpp.j2\n  dest: src/added.cpp\nedits: []\n"},
+        f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
+        "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
+        "build:\n  backend: llamafile\n  llamafile:\n    programs: [o//llamafile/llamafile]\n", render=False)
     cfgp = tmp_path / "work" / "dcaforge.yaml"
-    cfgp.write_text(f"name: lf\ncleanroom: ../ws\nsource:\n  git: {src}\nllama_cpp_dir: llama.cpp\n"
-                    "feature:\n  number: 78\n  name: feat\n  templates: templates/feat\n  marker: '// m'\n"
-                    "build:\n  backend: llamafile\n  llamafile:\n    programs: [o//llamafile/llamafile]\n")
-    cfg = parse_config(cfgp)
-    apply(cfg, render=False)
     with pytest.raises(DcaforgeError) as ei:
         bmod.dry_run(cfg)
     assert ei.value.message == "nothing checked by the dry run: the feature is not rendered in the clean room"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import textwrap
 
 from typer.testing import CliRunner
 
 from dcaforge.cli import app
 
-from .conftest import write_feature
+from .conftest import UNANCHORED_EDIT, write_feature
 from .helpers import make_patch_git, replace_line
 
 runner = CliRunner()
@@ -59,13 +58,7 @@ def test_cli_config_error_exits_1_with_location(project) -> None:
 def test_cli_render_check_exits_3_on_missing_anchor(project) -> None:
     c = str(project.config_path)
     assert _run("apply", "-c", c, "--no-render").exit_code == 0
-    write_feature(project.work, textwrap.dedent("""\
-        edits:
-          - file: src/llama.cpp
-            anchor: 'int line_0100 = 100;'
-            action: replace
-            text: 'x'
-        """))
+    write_feature(project.work, UNANCHORED_EDIT)
     r = _run("render", "-c", c, "--check")
     assert r.exit_code == 3 and "missing" in r.output and "int line_010" in r.output
     r = _run("render", "-c", c)
@@ -75,20 +68,14 @@ def test_cli_render_check_exits_3_on_missing_anchor(project) -> None:
 def test_cli_render_check_says_which_alternative_fits(project) -> None:
     c = str(project.config_path)
     assert _run("apply", "-c", c, "--no-render").exit_code == 0
-    write_feature(project.work, textwrap.dedent("""\
-        edits:
-          - file: src/llama.cpp
-            anchor: 'int line_0100 = 100;'
-            action: replace
-            text: 'x'
-            alternatives:
-              - anchor: 'int line_010 = 10;'
-          - file: src/llama.cpp
-            when: "tree.has('src/old.cpp')"
-            anchor: 'nothing'
-            action: replace
-            text: 'y'
-        """))
+    write_feature(project.work, UNANCHORED_EDIT + (
+        "    alternatives:\n"
+        "      - anchor: 'int line_010 = 10;'\n"
+        "  - file: src/llama.cpp\n"
+        "    when: \"tree.has('src/old.cpp')\"\n"
+        "    anchor: 'nothing'\n"
+        "    action: replace\n"
+        "    text: 'y'\n"))
     r = _run("render", "-c", c, "--check")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()

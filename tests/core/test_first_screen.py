@@ -62,6 +62,18 @@ def one(commands: list[str], start: str) -> str:
     return found.pop()
 
 
+def failed_apply(project: Project, config: Path, shell: Shell, how: str) -> tuple[list[str], str, Path]:
+    """`dcaforge apply` stops on 0002-b.patch (exit 3); its suggestions, the one git command among them
+    (checked: ``git -C <room> apply <how> <patch>``) and the room."""
+    r = shell(f"dcaforge apply -c {shlex.quote(str(config))}")
+    assert r.returncode == 3, r.stderr
+    cmds = suggested(r.stderr)
+    room = project.tmp / "clean room" / "room"
+    by_hand = one(cmds, "git ")
+    assert by_hand == f"git -C {shlex.quote(str(room))} apply {how} {shlex.quote(str(project.patches / '0002-b.patch'))}"
+    return cmds, by_hand, room
+
+
 @pytest.fixture
 def shell(tmp_path: Path) -> Shell:
     return Shell(tmp_path)
@@ -99,12 +111,7 @@ def _conflict(project: Project) -> None:
 def test_a_failed_patch_suggests_git_apply_3way_that_runs(spaced: tuple[Project, Path], shell: Shell) -> None:
     project, config = spaced
     _conflict(project)
-    r = shell(f"dcaforge apply -c {shlex.quote(str(config))}")
-    assert r.returncode == 3, r.stderr
-    cmds = suggested(r.stderr)
-    room = project.tmp / "clean room" / "room"
-    by_hand = one(cmds, "git ")
-    assert by_hand == f"git -C {shlex.quote(str(room))} apply --3way {shlex.quote(str(project.patches / '0002-b.patch'))}"
+    cmds, by_hand, room = failed_apply(project, config, shell, "--3way")
     assert "--reject" not in by_hand
     done = shell(by_hand)
     assert done.returncode == 1 and "cannot be used together" not in done.stderr, done.stderr
@@ -133,12 +140,7 @@ def test_without_preimages_it_suggests_git_apply_reject(spaced: tuple[Project, P
     # preimages the room does not have: no 3-way merge is possible
     data = re.sub(r"^index [0-9a-f]+\.\.", "index " + "1" * 40 + "..", data, flags=re.MULTILINE)
     project.add_patch("0002-b.patch", data.encode())
-    r = shell(f"dcaforge apply -c {shlex.quote(str(config))}")
-    assert r.returncode == 3, r.stderr
-    cmds = suggested(r.stderr)
-    room = project.tmp / "clean room" / "room"
-    by_hand = one(cmds, "git ")
-    assert by_hand == f"git -C {shlex.quote(str(room))} apply --reject {shlex.quote(str(project.patches / '0002-b.patch'))}"
+    cmds, by_hand, room = failed_apply(project, config, shell, "--reject")
     done = shell(by_hand)
     assert done.returncode == 1 and "Rejected hunk #1" in done.stderr, done.stderr
     assert "int line_040 = -4;" in (room / "src/llama.cpp").read_text()  # the hunk that fits is applied

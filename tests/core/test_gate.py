@@ -22,6 +22,8 @@ from dcaforge.gate.perplexity import parse_perplexity
 from dcaforge.gate.plot import plot
 from dcaforge.gate.results import GateResult
 
+from .helpers import minimal_config
+
 PPL_OUT = """\
 perplexity: tokenizing the input ..
 perplexity: tokenization took 2.1 ms
@@ -112,17 +114,7 @@ def test_points_tables() -> None:
     assert points_table(GateResult("off", "off-identity", True, "ok")) is None
 
 
-CONFIG = """\
-name: room
-cleanroom: ws
-source:
-  git: /nowhere
-feature:
-  number: 78
-  name: dca
-  templates: templates/dca
-  marker: "// m"
-"""
+CONFIG = minimal_config()
 
 
 def test_gate_errors_name_what_is_missing(tmp_path: Path) -> None:

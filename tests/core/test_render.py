@@ -17,7 +17,7 @@ from dcaforge.feature.drift import check
 from dcaforge.feature.render import render
 from dcaforge.patch.series import apply
 
-from .conftest import write_feature
+from .conftest import UNANCHORED_EDIT, write_feature
 
 
 def _manifest(project, body: str) -> None:
@@ -380,16 +380,8 @@ def test_ambiguous_alternative_stops_even_when_a_later_one_fits(project) -> None
 def test_no_alternative_fits_names_each_with_its_closest_lines(project) -> None:
     cfg = project.config
     apply(cfg, render=False)
-    _manifest(project, """\
-        edits:
-          - file: src/llama.cpp
-            anchor: 'int line_0100 = 100;'
-            action: replace
-            text: 'x'
-            alternatives:
-              - anchor: 'int line_0200 = 200;'
-                text: 'y'
-        """)
+    write_feature(project.work, UNANCHORED_EDIT + "    alternatives:\n      - anchor: 'int line_0200 = 200;'\n"
+                  "        text: 'y'\n")
     with pytest.raises(MismatchError) as exc:
         render(cfg)
     e = exc.value

@@ -14,6 +14,8 @@ from dcaforge.config import parse_config
 from dcaforge.errors import ConfigError, GateError
 from dcaforge.gate.server import LlamaServer
 
+from .helpers import minimal_config
+
 
 def byte_tokens(text: str) -> int:
     """The tokenizer of tests/models/longctx-qwen2.gguf and the tiny models: BOS, then one token per byte."""
@@ -110,16 +112,7 @@ def test_score_is_whole_word_exact_match() -> None:
     assert ruler.score(("1111111", "2222222", "3333333", "4444444"), "1111111, 3333333 and 9") == (0.5, False)
 
 
-GATE_CONFIG = """\
-name: room
-cleanroom: ws
-source:
-  git: /nowhere
-feature:
-  number: 78
-  name: dca
-  templates: templates/dca
-  marker: "// m"
+GATE_CONFIG = minimal_config() + """\
 gates:
   - name: r
     kind: ruler

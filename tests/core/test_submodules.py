@@ -37,12 +37,7 @@ def test_submodule_source_is_flattened_and_captured_under_llama_cpp(project) -> 
     assert (room / "llama.cpp/src/llama-dca.cpp").is_file()
     tracked = ugit(room, "ls-files", "llama.cpp/src/llama.cpp")
     assert tracked.strip() == "llama.cpp/src/llama.cpp"  # a plain file of the room's tree, not a gitlink
-    cap = capture(cfg)
-    diffs = [ln for ln in cap.path.read_text().splitlines() if ln.startswith("diff --git")]
-    assert diffs and all(d.startswith("diff --git a/llama.cpp/") for d in diffs)
-    verify(cfg)
-    verify(cfg, fresh_render=True)
-    project.assert_source_untouched()
+    project.assert_round_trip(cfg, "llama.cpp/")
 
 
 REPO = Path(__file__).resolve().parents[2]

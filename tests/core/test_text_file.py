@@ -53,6 +53,18 @@ def _feature(tmp: Path, manifest: str, bodies: dict[str, str]) -> Path:
     return folder
 
 
+def _source_tree(project) -> Path:
+    """project.tmp/tree: the source's files as a plain folder (read through DirTree)."""
+    tree_dir = project.tmp / "tree"
+    build_tree(tree_dir, source_files())
+    return tree_dir
+
+
+def _tricky_with(after: str) -> dict[str, str]:
+    """The TRICKY bodies with ``after`` as edits/src/llama.cpp/after.inc.j2."""
+    return {**TRICKY, "edits/src/llama.cpp/after.inc.j2": after}
+
+
 TRICKY = {  # leading blank line, no final newline, trailing blank lines, a group reference, Jinja
     "edits/src/llama.cpp/after.inc.j2": "\n    int dca = {{ vars.chunk }}; {{ marker }}\n\n",
     "edits/src/llama.cpp/replace.inc.j2": "\\1int line_010 = -10; {{ marker }}\n\\1int extra = 1;\n",
@@ -81,8 +93,7 @@ AS_FILES = """\
 
 def test_a_body_file_renders_exactly_as_the_same_text_inline(project) -> None:
     cfg = project.config
-    tree_dir = project.tmp / "tree"
-    build_tree(tree_dir, source_files())
+    tree_dir = _source_tree(project)
     folder = _feature(project.tmp, AS_FILES, TRICKY)
     got = plan(cfg, DirTree(tree_dir), load_manifest(folder)).outputs
     text = got["src/llama.cpp"][0].decode()
@@ -101,10 +112,8 @@ def test_a_body_file_renders_exactly_as_the_same_text_inline(project) -> None:
 
 def test_a_template_error_in_a_body_file_names_the_file_and_line(project) -> None:
     cfg = project.config
-    tree_dir = project.tmp / "tree"
-    build_tree(tree_dir, source_files())
-    bodies = dict(TRICKY)
-    bodies["edits/src/llama.cpp/after.inc.j2"] = "line one\nline two {{ vars.no_such_var }}\n"
+    tree_dir = _source_tree(project)
+    bodies = _tricky_with("line one\nline two {{ vars.no_such_var }}\n")
     folder = _feature(project.tmp, AS_FILES, bodies)
     with pytest.raises(ConfigError, match="no_such_var") as exc:
         plan(cfg, DirTree(tree_dir), load_manifest(folder))
@@ -183,11 +192,8 @@ def test_a_files_template_may_not_leave_the_folder_either(tmp_path: Path) -> Non
 
 def test_an_include_may_not_leave_the_folder_through_a_link(project) -> None:
     cfg = project.config
-    tree_dir = project.tmp / "tree"
-    build_tree(tree_dir, source_files())
-    bodies = dict(TRICKY)
-    bodies["edits/src/llama.cpp/after.inc.j2"] = "{% include 'edits/common.inc.j2' %}\n"
-    folder = _feature(project.tmp, AS_FILES, bodies)
+    tree_dir = _source_tree(project)
+    folder = _feature(project.tmp, AS_FILES, _tricky_with("{% include 'edits/common.inc.j2' %}\n"))
     (project.tmp / "secret.txt").write_text("outside\n")
     os.symlink(project.tmp / "secret.txt", folder / "edits/common.inc.j2")
     with pytest.raises(ConfigError, match="'edits/common.inc.j2' resolves to .*, outside the feature folder"):

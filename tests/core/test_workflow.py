@@ -181,12 +181,7 @@ def test_llama_cpp_dir_prefixes_paths(project) -> None:
     cfg = project.write_config(source=f"git: {sup}", llama_cpp_dir="llama.cpp")
     apply(cfg)
     assert (cfg.room / "llama.cpp/src/llama-dca.cpp").is_file()
-    cap = capture(cfg)
-    names = [ln for ln in cap.path.read_text().splitlines() if ln.startswith("diff --git")]
-    assert names and all(n.startswith("diff --git a/llama.cpp/") for n in names)
-    verify(cfg)
-    verify(cfg, fresh_render=True)
-    project.assert_source_untouched()
+    project.assert_round_trip(cfg, "llama.cpp/")
 
 
 def test_gnu_patch_available() -> None:

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from dcaforge.cli import app
 from tests.core.conftest import FEATURE_MANIFEST, Project, isolated, write_feature  # noqa: F401 (the autouse fixture)
-from tests.core.helpers import USER_GIT, build_tree, git_init, sh, snapshot, source_files
+from tests.core.helpers import USER_GIT, build_tree, git_init, sh, source_files
 
 GENERIC_HINT = "run it again with -v to see every git/patch command"
 _RUNNER = CliRunner()
@@ -75,14 +75,7 @@ class Arena(Project):
             self.source = tmp / "src-checkout"
             shutil.copytree(template, self.source, symlinks=True)
             self.base = sh(["git", "rev-parse", "HEAD"], self.source).stdout.decode().strip()
-            self.work = tmp / "work"
-            self.work.mkdir()
-            self.patches = self.work / "patches"
-            self.patches.mkdir()
-            self.feature = write_feature(self.work)
-            self.config_path = self.work / "dcaforge.yaml"
-            self.write_config()
-            self.before = snapshot(self.source)
+            self._set_up_work()
         self.canary = tmp / "canary"
         self.canary.mkdir()
         (self.canary / "secret.txt").write_text("the user's secret\n")
@@ -98,6 +91,18 @@ class Arena(Project):
 
     def snapshot(self) -> dict[str, tuple[int, str]]:
         return tree_hashes(self.tmp, self.skip)
+
+    def evil_index(self, monkeypatch: pytest.MonkeyPatch) -> Path:
+        """A local index (pip's only one, through PIP_NO_INDEX and PIP_FIND_LINKS) holding an sdist whose
+        build backend creates the canary when pip prepares it; returns its folder."""
+        from tests.core.test_trust import evil_sdist
+
+        links = self.tmp / "links"
+        links.mkdir()
+        evil_sdist(links, self.ran)
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+        return links
 
     def cli(self, *args: str) -> Outcome:
         r = _RUNNER.invoke(app, [str(a) for a in args])

@@ -261,13 +261,7 @@ SDIST_VALUES = ["evilpkg==1.0", "llama-cpp-python==0.3.36", "{links}/evilpkg-1.0
 @pytest.fixture
 def evil_links(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A local index holding an sdist whose build backend creates the canary when pip prepares it."""
-    from tests.core.test_trust import evil_sdist
-
-    links = arena.tmp / "links"
-    links.mkdir()
-    evil_sdist(links, arena.ran)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    links = arena.evil_index(monkeypatch)
     monkeypatch.chdir(links)
     return links
 

@@ -266,13 +266,7 @@ def test_pypi_requirement_cannot_carry_pip_options_or_urls(arena: Arena, req: st
 
 def test_an_uncached_sdist_of_an_untrusted_config_is_not_downloaded(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip runs an sdist's build backend to read its metadata: the download needs consent."""
-    from tests.core.test_trust import evil_sdist
-
-    links = arena.tmp / "links"
-    links.mkdir()
-    evil_sdist(links, arena.ran)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    arena.evil_index(monkeypatch)
     text = arena.config_path.read_text()
     start, end = text.index("source:\n"), text.index("llama_cpp_dir:")
     arena.config_path.write_text(text[:start] + "source:\n  pypi: evilpkg==1.0\n  subdir: .\n" + text[end:])

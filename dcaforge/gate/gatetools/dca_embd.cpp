@@ -41,10 +41,7 @@ static void usage(const char * argv0) {
         "  -ctk, -ctv TYPE         cache types: f32 f16 bf16 q8_0 q5_1 q5_0 q4_1 q4_0 iq4_nl (default f16)\n"
         "  -t, --threads N         (default 2)\n"
         "  -v                      llama.cpp logs\n"
-#ifdef DCA
-        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto\n"
-#endif
-        , argv0);
+        "%s", argv0, GATE_USAGE_DCA);
 }
 
 int main(int argc, char ** argv) {
@@ -57,23 +54,18 @@ int main(int argc, char ** argv) {
     int      embd_n    = 0;
     bool     embd_causal = false;
 
-    for (int i = 1; i < argc; ++i) {
-        const int r = parse_gate_opt(o, argc, argv, i);
-        if (r < 0) { usage(argv[0]); return 1; }
-        if (r > 0) continue;
-        const std::string a = argv[i];
-        auto next = [&](void) -> std::string {
-            if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
-            return argv[++i];
-        };
+    const int done = gate_parse_args(o, argc, argv, usage, [&](const std::string & a, const auto & next) {
         if      (a == "--seed")                     seed = std::stoull(next());
         else if (a == "--embd-seed")                embd_seed = std::stoull(next());
         else if (a == "--n-tokens")                 n_tokens = std::stoi(next());
         else if (a == "--embd-at")                  embd_at = std::stoi(next());
         else if (a == "--embd-n")                   embd_n = std::stoi(next());
         else if (a == "--embd-causal")              embd_causal = true;
-        else if (a == "-h" || a == "--help")        { usage(argv[0]); return 0; }
-        else { fprintf(stderr, "unknown option %s\n", a.c_str()); usage(argv[0]); return 1; }
+        else return false;
+        return true;
+    });
+    if (done >= 0) {
+        return done;
     }
     if (o.model_path.empty() || o.out_path.empty() || embd_at < 1 || embd_n < 1 || embd_at + embd_n > n_tokens ||
             o.n_batch < 1 || o.n_ubatch < embd_n) {
@@ -110,10 +102,8 @@ int main(int argc, char ** argv) {
     llama_context_params cparams = gate_context_params(o);
     cparams.n_batch = std::max(n_batch, embd_n); // the embeddings in one call
 
-    llama_context * ctx = llama_init_from_model(model, cparams);
+    llama_context * ctx = gate_init_context(model, cparams);
     if (!ctx) {
-        fprintf(stderr, "error: failed to create the context\n");
-        llama_model_free(model);
         return 2;
     }
 
@@ -192,25 +182,14 @@ int main(int argc, char ** argv) {
         rc = 1;
     }
 
-    size_t n_nonfinite = 0;
-    for (float v : out) n_nonfinite += !std::isfinite(v);
+    const size_t n_nonfinite = gate_count_nonfinite(out);
 
     printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"n_embd\": %d, \"embd_at\": %d, \"embd_n\": %d, \"embd_causal\": %s, "
-           "\"n_ctx\": %u, \"flash_attn\": %s, \"nonfinite\": %zu"
-#ifdef DCA
-           ", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d"
-#endif
-           ", \"rc\": %d}\n",
+           "\"n_ctx\": %u, \"flash_attn\": %s, \"nonfinite\": %zu",
            n_tokens, n_vocab, n_embd, embd_at, embd_n, embd_causal ? "true" : "false", llama_n_ctx(ctx),
-           o.fa ? "true" : "false", n_nonfinite,
-#ifdef DCA
-           o.dca ? "true" : "false", o.dca_chunk, o.dca_local,
-#endif
-           rc);
+           o.fa ? "true" : "false", n_nonfinite);
+    gate_print_json_end(o, rc);
 
-    llama_free(ctx);
-    llama_model_free(model);
-    llama_backend_free();
-
+    gate_free(ctx, model);
     return rc;
 }

@@ -55,10 +55,7 @@ static void usage(const char * argv0) {
         "  -ngl N                 layers offloaded to the non-CPU devices (default 0; with --rpc: the RPC\n"
         "                         devices, so N below the layer count is a partial offload)\n"
         "  -v                     llama.cpp logs\n"
-#ifdef DCA
-        "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto\n"
-#endif
-        , argv0);
+        "%s", argv0, GATE_USAGE_DCA);
 }
 
 int main(int argc, char ** argv) {
@@ -78,15 +75,7 @@ int main(int argc, char ** argv) {
     std::string rpc;
     int      ngl      = 0;
 
-    for (int i = 1; i < argc; ++i) {
-        const int r = parse_gate_opt(o, argc, argv, i);
-        if (r < 0) { usage(argv[0]); return 1; }
-        if (r > 0) continue;
-        const std::string a = argv[i];
-        auto next = [&](void) -> std::string {
-            if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
-            return argv[++i];
-        };
+    const int done = gate_parse_args(o, argc, argv, usage, [&](const std::string & a, const auto & next) {
         if      (a == "--tokens")                   tokens_path = next();
         else if (a == "--seed")                     seed = std::stoull(next());
         else if (a == "--n-tokens")                 n_tokens = std::stoi(next());
@@ -102,8 +91,11 @@ int main(int argc, char ** argv) {
         else if (a == "--state-load")               state_load = next();
         else if (a == "--rpc")                      rpc = next();
         else if (a == "-ngl" || a == "--n-gpu-layers") ngl = std::stoi(next());
-        else if (a == "-h" || a == "--help")        { usage(argv[0]); return 0; }
-        else { fprintf(stderr, "unknown option %s\n", a.c_str()); usage(argv[0]); return 1; }
+        else return false;
+        return true;
+    });
+    if (done >= 0) {
+        return done;
     }
     if (o.model_path.empty() || o.out_path.empty() || n_seq < 1 || o.n_batch < 1 || o.n_ubatch < 1) {
         usage(argv[0]);
@@ -166,10 +158,8 @@ int main(int argc, char ** argv) {
     cparams.swa_full   = swa_full;
     cparams.kv_unified = true;
 
-    llama_context * ctx = llama_init_from_model(model, cparams);
+    llama_context * ctx = gate_init_context(model, cparams);
     if (!ctx) {
-        fprintf(stderr, "error: failed to create the context\n");
-        llama_model_free(model);
         return 2;
     }
 
@@ -255,25 +245,15 @@ int main(int argc, char ** argv) {
         rc = 1;
     }
 
-    size_t n_nonfinite = 0;
-    for (float v : out) n_nonfinite += !std::isfinite(v);
+    const size_t n_nonfinite = gate_count_nonfinite(out);
     if (rc == 0 && check_finite && n_nonfinite) rc = 4;
 
     printf("{\"n_tokens\": %d, \"n_rows\": %d, \"n_vocab\": %d, \"n_seq\": %d, \"n_ctx\": %u, \"n_batch\": %d, \"n_ubatch\": %d, "
-           "\"flash_attn\": %s, \"type_k\": \"%s\", \"type_v\": \"%s\", \"nonfinite\": %zu"
-#ifdef DCA
-           ", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d"
-#endif
-           ", \"rc\": %d}\n",
+           "\"flash_attn\": %s, \"type_k\": \"%s\", \"type_v\": \"%s\", \"nonfinite\": %zu",
            n, n - row0, n_vocab, n_seq, llama_n_ctx(ctx), o.n_batch, o.n_ubatch, o.fa ? "true" : "false",
-           ggml_type_name(o.ctk), ggml_type_name(o.ctv), n_nonfinite,
-#ifdef DCA
-           o.dca ? "true" : "false", o.dca_chunk, o.dca_local,
-#endif
-           rc);
+           ggml_type_name(o.ctk), ggml_type_name(o.ctv), n_nonfinite);
+    gate_print_json_end(o, rc);
 
-    llama_free(ctx);
-    llama_model_free(model);
-    llama_backend_free();
+    gate_free(ctx, model);
     return rc;
 }

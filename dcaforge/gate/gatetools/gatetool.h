@@ -1,15 +1,27 @@
-// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the options both take and
-// the context parameters they make, the generated token sequence. Header-only (static functions): each driver is one
+// What the gates' drivers (dca_logits.cpp, dca_embd.cpp) share: llama.cpp's log filter, the options both take, the
+// argument loop and the context parameters they make, the model and the context, the generated token sequence, the
+// output's writing and the end of its JSON line, the cleanup. Header-only (static functions): each driver is one
 // translation unit.
 #pragma once
 
 #include "llama.h"
 #include "ggml.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
+
+// the last line of both drivers' usage: DCA's options (with -DDCA, the patched llama.h)
+static const char * const GATE_USAGE_DCA =
+#ifdef DCA
+    "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto\n";
+#else
+    "";
+#endif
 
 static bool g_verbose = false;   // -v: every llama.cpp log line, not only warnings and errors
 
@@ -111,6 +123,30 @@ static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
     return ok ? 1 : -1;
 }
 
+// a driver's own option at a (own: true when a is one; next() is its value, a missing one exits 1 after usage)
+using gate_own_opt = std::function<bool(const std::string & a, const std::function<std::string()> & next)>;
+
+// the command line: gate_opts' options, -h/--help, and the driver's own; -1 when the driver goes on, else its exit
+// code: 0 after --help, 1 after usage for an unknown option or a bad or missing value
+static int gate_parse_args(gate_opts & o, int argc, char ** argv, void (*usage)(const char *), const gate_own_opt & own) {
+    for (int i = 1; i < argc; ++i) {
+        const int r = parse_gate_opt(o, argc, argv, i);
+        if (r < 0) { usage(argv[0]); return 1; }
+        if (r > 0) continue;
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); usage(argv[0]); exit(1); }
+            return argv[++i];
+        };
+        if (own(a, next)) continue;
+        if (a == "-h" || a == "--help") { usage(argv[0]); return 0; }
+        fprintf(stderr, "unknown option %s\n", a.c_str());
+        usage(argv[0]);
+        return 1;
+    }
+    return -1;
+}
+
 // the context parameters of gate_opts (one sequence, no performance counters; the driver sets the rest)
 static llama_context_params gate_context_params(const gate_opts & o) {
     llama_context_params cparams = llama_context_default_params();
@@ -144,6 +180,16 @@ static llama_model * gate_load_model(const gate_opts & o, int ngl) {
     return model;
 }
 
+// a context of the model with cparams; nullptr after a message (and the model freed) when it cannot be made
+static llama_context * gate_init_context(llama_model * model, const llama_context_params & cparams) {
+    llama_context * ctx = llama_init_from_model(model, cparams);
+    if (!ctx) {
+        fprintf(stderr, "error: failed to create the context\n");
+        llama_model_free(model);
+    }
+    return ctx;
+}
+
 // the logits as raw little-endian f32 into gate_opts' output; false after a message when it cannot be written
 static bool gate_write_f32(const gate_opts & o, const std::vector<float> & out) {
     FILE * f = fopen(o.out_path.c_str(), "wb");
@@ -155,4 +201,29 @@ static bool gate_write_f32(const gate_opts & o, const std::vector<float> & out) 
         fprintf(stderr, "error: cannot write %s\n", o.out_path.c_str());
     }
     return ok;
+}
+
+// how many of the values are NaN or infinite
+static size_t gate_count_nonfinite(const std::vector<float> & out) {
+    size_t n = 0;
+    for (float v : out) n += !std::isfinite(v);
+    return n;
+}
+
+// the end of the drivers' one line of JSON: DCA's settings (with -DDCA) and the exit code
+static void gate_print_json_end(const gate_opts & o, int rc) {
+#ifdef DCA
+    printf(", \"dca\": %s, \"dca_chunk_size\": %d, \"dca_local_size\": %d",
+           o.dca ? "true" : "false", o.dca_chunk, o.dca_local);
+#else
+    (void) o;
+#endif
+    printf(", \"rc\": %d}\n", rc);
+}
+
+// the context, the model and the backend freed, in that order
+static void gate_free(llama_context * ctx, llama_model * model) {
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
 }
