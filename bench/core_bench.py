@@ -12,13 +12,15 @@ feature (a new file and anchored edits), then times, through the CLI:
 The one-time download and import of the sdist is timed separately and excluded.
 Usage: python bench/core_bench.py [--work DIR] [--patches 80] [--out FILE] [--update-results]
 
-The results go to build/bench/core.md (ignored by git), or --out FILE; --update-results writes the
-committed bench/core.md and the table between the bench markers of docs/development.md instead.
+The results go to build/bench/core.md (ignored by git), or --out FILE; --update-results writes them into the
+core section of the committed bench/RESULTS.md (between its core-bench markers) and the table between the bench
+markers of docs/development.md instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import difflib
 import hashlib
 import os
@@ -126,10 +128,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="results file (default: build/bench/core.md)")
     ap.add_argument("--update-results", action="store_true",
-                    help="write the committed bench/core.md and docs/development.md's table (a separate, explicit step)")
+                    help="write bench/RESULTS.md's core section and docs/development.md's table (a separate, explicit step)")
     args = ap.parse_args()
     if args.out is None:
-        args.out = REPO / "bench" / "core.md" if args.update_results else REPO / "build" / "bench" / "core.md"
+        args.out = REPO / "build" / "bench" / "core.md"
     work = args.work or Path(tempfile.mkdtemp(prefix="dcaforge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "feature" / "src").mkdir(parents=True, exist_ok=True)
@@ -202,6 +204,14 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
+    results = REPO / "bench" / "RESULTS.md"
+    if args.update_results and results.is_file():
+        start, end = "<!-- core-bench:start -->", "<!-- core-bench:end -->"
+        body = results.read_text()
+        if start in body and end in body:
+            section = re.sub(r"(?m)^(#{1,5}) ", r"#\1 ", text).rstrip()
+            head, rest = body.split(start, 1)
+            results.write_text(f"{head}{start}\n{section}\n{end}{rest.split(end, 1)[1]}")
     readme = REPO / "docs" / "development.md"
     if args.update_results and readme.is_file():
         start, end = "<!-- bench:start -->", "<!-- bench:end -->"

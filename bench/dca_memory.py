@@ -11,7 +11,7 @@ KQ of n_ctx x ubatch x n_head, 8 GiB at 1M cells), evaluates a few tokens, and w
 a markdown table.
 
 Usage: python bench/dca_memory.py TREE BUILD [--n-ctx 1048576] [--n-ctx-nofa 131072] [--arch qwen2 gemma3]
-       [--ubatch 512] [--out bench/dca-memory.md]
+       [--ubatch 512] [--out FILE]   (its table: bench/RESULTS.md, "DCA reserve-graph memory")
 TREE/BUILD: a 0078-dca llama.cpp tree and its cmake build (static libraries, target llama).
 """
 

@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one H200), in the repository root, through the device tool.
 # The GPU benchmarks of the current core: correctness of the ops on CUDA, DCA's speed and memory against plain
 # attention in the same run, RULER through llama-server (1M tokens included), llamafile's GPU library. Long-context
-# quality (choosing and checking DCA's defaults) is bench/longctx/gpu.sh. The latest results: bench/gpu/RESULTS.md.
+# quality (choosing and checking DCA's defaults) is bench/longctx/gpu.sh. The latest results: bench/RESULTS.md.
 # Steps (any subset, in order):
 #   model    copy the carried model pieces (cleanroom/gpu/<model>.NN, pack.sh) to ~/model and reassemble each GGUF
 #            whose pieces are all there (checked by sha256)
@@ -27,9 +27,9 @@
 #   llamafile_build / llamafile_bg / wait_llamafile  llamafile's GPU library of a rendered llamafile room
 #            (bench/gpu/llamafile_cuda_lib.py; the real 0.10.1 script: llamafile_real_lib.py)
 #   report   the short table of speed ratios, RULER scores, 1M memory and speed
-# Results (tsv + logs) go to $OUT; bench/gpu/RESULTS.md holds the latest of them and the commands.
-# "run N" in a comment: that run of the lab notebook (bench/gpu/RESULTS.md and its dated folders on the lab-notebook
-# branch, commit 4520127).
+# Results (tsv + logs) go to $OUT; bench/RESULTS.md holds the latest of them and the commands.
+# "run N" in a comment: that run of the lab notebook (bench/gpu/RESULTS.md and its dated folders at commit 4520127 in
+# main's history).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" ~/model ~/llb

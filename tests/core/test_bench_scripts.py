@@ -1,5 +1,5 @@
 """The GPU bench scripts run where a mistake costs device minutes: check their syntax and the
-setting names that bench/gpu/RESULTS.md quotes, here, with the real bash."""
+setting names that bench/RESULTS.md quotes, here, with the real bash."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_chunk_local_gives_the_ruler_gates_sizes() -> None:
     assert json.loads("{" + run_sh_functions(("dca_cfg", "chunk_local"), "chunk_local S6w1").stdout + "}") == {"chunk": 6144, "local": 1024}
 
 
-#: inputs the bench scripts read, kept from the lab notebook's runs (lab-notebook branch: run 2's llama-batched-bench log,
+#: inputs the bench scripts read, kept from the lab notebook's runs (commit 4520127: run 2's llama-batched-bench log,
 #: run 13's SmolLM2 passkey result)
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 BB_LOG = FIXTURES / "batched-bench-128k.log"

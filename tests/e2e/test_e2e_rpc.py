@@ -95,7 +95,7 @@ def test_context_shift_through_rpc(logits_exe, rpc_endpoint, tmp_path):
 
 def test_dca_mask_crosses_to_the_device_once_per_graph(logits_exe, rpc_endpoint, tmp_path):
     """The scheduler copies a graph input to a device once per view it is read through: DCA's mask, read by every call
-    of every layer through its own view, once crossed ~90 times a prompt ubatch (bench/dca-host.md: 450 MiB instead of
+    of every layer through its own view, once crossed ~90 times a prompt ubatch (bench/RESULTS.md, DCA prompt ubatches: 450 MiB instead of
     16 MiB at 16k; on the H200, prompt 0.46x plain at 32k). A layer whose cache is off the host reads one shared
     contiguous copy (`dca_mask_dev`), so each split takes the mask itself as its only mask input."""
     env = {**os.environ, "GGML_SCHED_DEBUG": "1"}
