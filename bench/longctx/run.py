@@ -59,13 +59,13 @@ def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str
 ctx_for = longctx.ctx_for
 
 
+def records(dirs: list[Path], name: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``name`` (passkey.jsonl, ppl.jsonl) in each of ``dirs`` that has it, in order."""
+    return [json.loads(line) for d in dirs if (d / name).exists() for line in (d / name).read_text().splitlines()]
+
+
 def done_keys(path: Path) -> set[tuple[str, ...]]:
-    out: set[tuple[str, ...]] = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            out.add((r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])))
-    return out
+    return {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])) for r in records([path.parent], path.name)}
 
 
 def corpus_for(srv: LlamaServer, set_name: str, model: str, texts: Path, cache: Path) -> longctx.TokenizedCorpus:
@@ -131,15 +131,12 @@ def run_cell(a: argparse.Namespace, method: str, length: int, label: str) -> Non
                   f" {'ok' if rec['ok'] else 'MISS'} ({rec['seconds']} s)", flush=True)
 
 
-def ceiling(dirs: list[Path], set_name: str, model: str) -> longctx.Score:
-    """Plain attention's score on the set's ``inside`` cell for the model, from the records in ``dirs``."""
+def ceiling(recs: list[dict[str, Any]], set_name: str, model: str) -> longctx.Score:
+    """Plain attention's score on the set's ``inside`` cell for the model, from passkey records (scored strictly)."""
     sc = longctx.Score()
-    for d in dirs:
-        f = d / "passkey.jsonl"
-        for line in (f.read_text().splitlines() if f.exists() else []):
-            r = json.loads(line)
-            if r["set"] == set_name and r["model"] == model and r["length"] == "inside" and r["method"] == "plain":
-                sc.add(longctx.passed(r["key"], r["answer"]))
+    for r in recs:
+        if r["set"] == set_name and r["model"] == model and r["length"] == "inside" and r["method"] == "plain":
+            sc.add(longctx.passed(r["key"], r["answer"]))
     return sc
 
 
@@ -165,7 +162,7 @@ def cmd_passkey(a: argparse.Namespace) -> int:
     if "inside" in lengths:   # the ceiling first (sets.yaml): the set's sanity check
         run_cell(a, "plain", int(cell["inside"]), "inside")
     jobs = [(method, int(x), x) for method in a.methods.split(",") for x in lengths if x != "inside"]
-    why = ceiling_verdict(a.set, a.model, ceiling([Path(a.out)], a.set, a.model)) if jobs else None
+    why = ceiling_verdict(a.set, a.model, ceiling(records([Path(a.out)], "passkey.jsonl"), a.set, a.model)) if jobs else None
     if why:
         print(f"refused: {why}; run `inside` first (--lengths inside,...)", file=sys.stderr, flush=True)
         return 2
@@ -218,15 +215,12 @@ def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> t
     passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2."""
     scores = {m: longctx.Score() for m in methods}
     ppl: dict[str, list[float]] = {m: [] for m in methods}
-    for d in dirs:
-        for line in ((d / "passkey.jsonl").read_text().splitlines() if (d / "passkey.jsonl").exists() else []):
-            r = json.loads(line)
-            if r["set"] == set_name and r["model"] == model and r["method"] in scores and r["length"] != "inside":
-                scores[r["method"]].add(bool(r["ok"]))
-        for line in ((d / "ppl.jsonl").read_text().splitlines() if (d / "ppl.jsonl").exists() else []):
-            r = json.loads(line)
-            if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
-                ppl[r["method"]].append(float(r["ppl"]))
+    for r in records(dirs, "passkey.jsonl"):
+        if r["set"] == set_name and r["model"] == model and r["method"] in scores and r["length"] != "inside":
+            scores[r["method"]].add(bool(r["ok"]))
+    for r in records(dirs, "ppl.jsonl"):
+        if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
+            ppl[r["method"]].append(float(r["ppl"]))
     try:
         c = longctx.choose(scores, ppl, methods, slack=longctx.SLACK)
     except ValueError:
@@ -236,12 +230,10 @@ def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> t
 
 def report(dirs: list[Path]) -> str:
     rows: dict[tuple[str, str, str], dict[str, longctx.Score]] = {}
-    for d in dirs:
-        f = d / "passkey.jsonl"
-        for line in (f.read_text().splitlines() if f.exists() else []):
-            r = json.loads(line)
-            sc = rows.setdefault((r["set"], r["model"], str(r["length"])), {}).setdefault(r["method"], longctx.Score())
-            sc.add(bool(r["ok"]))
+    passkey = records(dirs, "passkey.jsonl")
+    for r in passkey:
+        sc = rows.setdefault((r["set"], r["model"], str(r["length"])), {}).setdefault(r["method"], longctx.Score())
+        sc.add(bool(r["ok"]))
     out = []
     for (set_name, model, length), methods in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "inside",
                                                                                    int(kv[0][2]) if kv[0][2].isdigit() else 0)):
@@ -249,17 +241,14 @@ def report(dirs: list[Path]) -> str:
         mult = "inside" if length == "inside" else f"{int(length) / trained:.1f}x"
         note, need = "", SETS["sets"][set_name].get("ceiling_min")
         if length != "inside" and need is not None:
-            c = ceiling(dirs, set_name, model)
+            c = ceiling(passkey, set_name, model)
             note = (" (ceiling not measured)" if c.n == 0 else
                     f" (ceiling {c.k}/{c.n} < {need}: judges no method)" if ceiling_verdict(set_name, model, c) else "")
         out.append(f"| {set_name} | {model} | {length} ({mult}){note} | "
                    + " | ".join(f"{m}: {s}" for m, s in methods.items()) + " |")
     ppl: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for d in dirs:
-        f = d / "ppl.jsonl"
-        for line in (f.read_text().splitlines() if f.exists() else []):
-            r = json.loads(line)
-            ppl.setdefault((r["set"], r["model"], r["ctx"]), {})[r["method"]] = r["ppl"]
+    for r in records(dirs, "ppl.jsonl"):
+        ppl.setdefault((r["set"], r["model"], r["ctx"]), {})[r["method"]] = r["ppl"]
     txt = "| set | model | length | method: exact first answers k/n [Wilson 95%] |\n|---|---|---|---|\n" + "\n".join(out)
     if ppl:
         txt += "\n\n| set | model | context | method: perplexity (every window) |\n|---|---|---|---|\n"

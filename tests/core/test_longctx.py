@@ -174,4 +174,5 @@ def test_a_set_whose_ceiling_fails_runs_no_extension_cell(tmp_path, capsys):
     assert "(ceiling 9/20 < 16: judges no method)" in run.report([tmp_path])
     lines = [rec("inside", "plain", i, i < 17) for i in range(20)]
     (tmp_path / "passkey.jsonl").write_text("\n".join(lines) + "\n")
-    assert run.ceiling_verdict("heldout2", "smollm2-135m", run.ceiling([tmp_path], "heldout2", "smollm2-135m")) is None
+    recs = run.records([tmp_path], "passkey.jsonl")
+    assert run.ceiling_verdict("heldout2", "smollm2-135m", run.ceiling(recs, "heldout2", "smollm2-135m")) is None
