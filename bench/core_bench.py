@@ -20,11 +20,11 @@ markers of docs/development.md instead.
 from __future__ import annotations
 
 import argparse
-import re
 import difflib
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
