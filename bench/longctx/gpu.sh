@@ -88,31 +88,24 @@ choose() { # model methods: the dev choice over this run's results and the commi
     $RUN choose --set dev --model "$1" --methods "$2" ~/lc/out "$REPO/bench/longctx/dev-results" 2>>~/lc/out/choice.txt
 }
 
-stage_heldout() { # the choice beside the uncalibrated default (dca), YaRN and plain; SmolLM2 first (fast), gemma's 1M beside
-    local G S
+heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py stops a model whose ceiling fails), then
+    # the dev choice beside the uncalibrated default (dca), YaRN and plain; SmolLM2 first (fast), gemma's 1M beside
+    local set=$1 G S
     G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
     echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt; cat ~/lc/out/choice.txt
-    $RUN passkey --set heldout --model gemma-3-270m --methods $G --lengths 1040000 "${COMMON[@]}" > ~/lc/out/heldout-1m.log 2>&1 &
+    $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods $G --lengths $4 "${COMMON[@]}" > ~/lc/out/$set-1m.log 2>&1 &
     local one_m=$!
-    $RUN passkey --set heldout --model smollm2-135m --methods $S,dca,yarn,plain --lengths 32500,65000,inside --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout --model gemma-3-270m --methods $G,dca,yarn,plain --lengths 98000,inside --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout --model gemma-3-270m --methods $G,dca,yarn --lengths 196000 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods $S,dca,yarn,plain --lengths $5,$6 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn,plain --lengths $2 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $3 --jobs 3 "${COMMON[@]}"
     wait $one_m
 }
 
-stage_heldout2() { # the needle-free held-out text (sets.yaml heldout2): each model's ceiling first (run.py stops a model whose
-    # ceiling fails), then the dev choice beside the uncalibrated default, YaRN and plain; gemma's 1M beside the rest
-    local G S
-    G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
-    $RUN passkey --set heldout2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set heldout2 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G --lengths 1048000 "${COMMON[@]}" > ~/lc/out/heldout2-1m.log 2>&1 &
-    local one_m=$!
-    $RUN passkey --set heldout2 --model smollm2-135m --methods $S,dca,yarn,plain --lengths 33000,66000 --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G,dca,yarn,plain --lengths 100000 --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout2 --model gemma-3-270m --methods $G,dca,yarn --lengths 190000 --jobs 3 "${COMMON[@]}"
-    wait $one_m
-}
+stage_heldout() { heldout_passkey heldout 98000 196000 1040000 32500 65000; }
+
+stage_heldout2() { heldout_passkey heldout2 100000 190000 1048000 33000 66000; } # the needle-free held-out text (sets.yaml)
 
 stage_gemmappl() { # gemma's held-out perplexity (the 2026-12-06 run ended before it)
     $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
