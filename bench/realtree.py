@@ -215,9 +215,23 @@ def make_user_series(mirrors: Path, work: Path, co: Path, pin: str) -> tuple[Pat
         shutil.rmtree(series)
     wider = (*INCLUDE, "ggml/src/", "tools/", "tests/")  # b10454 -> b10573 changes fewer files of INCLUDE than 77
     paths = make_series(old, new, series, prefix="llama.cpp/", exclude=exclude, deletions=False, include=wider)
+    copy_series_docs(series)
+    return series, len(paths)
+
+
+def make_empty_series(work: Path) -> tuple[Path, int]:
+    """A series of no patch (--no-series), with the layout's documents."""
+    series = work / "series-none"
+    shutil.rmtree(series, ignore_errors=True)
+    series.mkdir()
+    copy_series_docs(series)
+    return series, 0
+
+
+def copy_series_docs(series: Path) -> None:
+    """The series folder's README.md and UPSTREAM_SYNC.md, as this repository's llamafile layout has them."""
     for name in ("README.md", "UPSTREAM_SYNC.md"):
         shutil.copy(REPO / "vendors" / "patches" / "llamafile" / name, series / name)
-    return series, len(paths)
 
 
 def offline(argv: list[str]) -> list[str]:
@@ -353,14 +367,7 @@ def main(argv: list[str]) -> int:
         print(f"{pin}: making the checkout and the series")
         t0 = time.monotonic()
         co = make_checkout(args.mirrors, work, pin, log)
-        if args.no_series:
-            series, n = work / "series-none", 0
-            shutil.rmtree(series, ignore_errors=True)
-            series.mkdir()
-            for name in ("README.md", "UPSTREAM_SYNC.md"):
-                shutil.copy(REPO / "vendors" / "patches" / "llamafile" / name, series / name)
-        else:
-            series, n = make_user_series(args.mirrors, work, co, pin)
+        series, n = make_empty_series(work) if args.no_series else make_user_series(args.mirrors, work, co, pin)
         log["series_patches"] = n
         log["prepare_seconds"] = round(time.monotonic() - t0, 1)
         cfg = make_config(co, work, pin, series)
