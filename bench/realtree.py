@@ -7,6 +7,7 @@ without it, through a proxy that refuses every connection). Results (exit codes,
 ``WORK/results.json`` and on stdout; docs/llamafile.md quotes them. Then (unless ``--no-compile``) each C++ unit
 0078 adds is compiled with g++ and the dry run's make flags, and the CUDA units it adds or edits with nvcc (sm_86)
 and the flags the real GPU script hands nvcc for them: llamafile's own patches and the series included.
+``--archs 86,89,90,120`` compiles those CUDA units for each of the architectures (those this nvcc knows).
 
     python3 bench/realtree.py --mirrors /work/.mirror --work /tmp/realtree [--pin b8953] [--pin b10454]
 
@@ -300,16 +301,27 @@ CUDA_UNITS = ("fattn-lse.cu", "fattn-lse-merge.cu", "fattn.cu", "ggml-cuda.cu",
               "fattn-mma-f16-instance-ncols1_1-ncols2_8.cu", "fattn-wmma-f16.cu")
 
 
-def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = None) -> bool:
+def gencodes(nvcc: str, archs: str) -> tuple[list[str], list[str]]:
+    """``-gencode`` flags for each of ``archs`` (comma-separated, e.g. ``86,89,90,120``) that this nvcc knows, and
+    the ones it does not (left out, and reported)."""
+    listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=False).stdout
+    known = set(re.findall(r"compute_(\d+)", listed))
+    wanted = [a.strip() for a in archs.split(",") if a.strip()]
+    flags = [f for a in wanted if a in known for f in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
+    return flags, [a for a in wanted if a not in known]
+
+
+def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = None, archs: str = "86") -> bool:
     """Past the chain: each C++ unit 0078 adds, with g++ and exactly the flags the dry run's make -n gives it
     (cosmocc's own left out), and the CUDA units it adds or edits with nvcc and exactly the flags the real GPU
-    script hands nvcc for them (sm_86 only: one architecture is the check, not the library)."""
+    script hands nvcc for them, for ``archs`` (default sm_86 only: one architecture is the check, not the library;
+    ``--archs 86,89,90,120`` the user's RTX 3090, Ada, Hopper and Blackwell, those this nvcc knows)."""
     from dcaforge.builder import dryrun
     from dcaforge.builder.build import dry_run
     from dcaforge.config import parse_config
 
     config = parse_config(cfg)
-    rep = dry_run(config, cuda=True)
+    rep = dry_run(config, cuda=True, trust=True)  # the script made this config and the tree (from the mirrors)
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {}
     for src, argv in rep.compiles.items():
@@ -321,6 +333,10 @@ def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = N
         if p.returncode:
             res[src]["tail"] = p.stderr.strip().splitlines()[-10:]
     nvcc = shutil.which("nvcc")
+    gen, unknown = gencodes(nvcc, archs) if nvcc else ([], [])
+    key = "nvcc sm_" + ",".join(g.split("sm_")[1] for g in gen if g.startswith("arch="))
+    if unknown:
+        log["archs_unknown_to_nvcc"] = unknown
     for unit in CUDA_UNITS if nvcc else ():
         call = next((c for c in rep.nvcc_calls if any(a.endswith("/" + unit) for a in c)), None)
         if call is None:
@@ -330,14 +346,13 @@ def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = N
                 and a != "-gencode"]
         t0 = time.monotonic()
         extra = [f"-I{cuda_include}"] if cuda_include else []  # cuBLAS headers (b10454 runs without llamafile's TinyBLAS patch)
-        p = subprocess.run([nvcc, "-gencode", "arch=compute_86,code=sm_86", *extra, *args], cwd=config.room, capture_output=True,
-                           text=True, check=False)
-        res[unit] = {"nvcc sm_86": p.returncode, "seconds": round(time.monotonic() - t0, 1)}
+        p = subprocess.run([nvcc, *gen, *extra, *args], cwd=config.room, capture_output=True, text=True, check=False)
+        res[unit] = {key: p.returncode, "seconds": round(time.monotonic() - t0, 1)}
         if p.returncode:
             res[unit]["tail"] = p.stderr.strip().splitlines()[-10:]
     log["compile"] = res
     bad = [k for k, v in res.items() if any(isinstance(x, int) and x != 0 for key, x in v.items() if key != "seconds")]
-    print(f"  compile (g++ {len(rep.compiles)} units, nvcc {sum(1 for k in res if k.endswith('.cu'))} units sm_86)"
+    print(f"  compile (g++ {len(rep.compiles)} units, nvcc {sum(1 for k in res if k.endswith('.cu'))} units {key[5:]})"
           f"    {'ok' if not bad else 'FAILED: ' + ', '.join(bad)}")
     return not bad
 
@@ -355,6 +370,8 @@ def main(argv: list[str]) -> int:
                     "quantize_mmq_mxfp4_cuda in quantize.cuh, mmq.cu, which llamafile patches, is left out)")
     ap.add_argument("--cuda-include", type=Path, help="a folder with cuBLAS headers (cublas_v2.h) when the toolkit has none, "
                     "e.g. from the nvidia-cublas wheel (tests/e2e/test_e2e_cuda_compile.py's cuda_stubs)")
+    ap.add_argument("--archs", default="86", help="the architectures the compile step builds the CUDA units for "
+                    "(comma-separated; one -gencode each, an architecture this nvcc does not know left out and reported)")
     args = ap.parse_args(argv)
     results: dict = {}
     ok = True
@@ -375,7 +392,7 @@ def main(argv: list[str]) -> int:
         chain_ok = run_chain(cfg, co, log)
         ok &= chain_ok
         if chain_ok and not args.no_compile:
-            ok &= compile_units(cfg, work / "objects", log, args.cuda_include)
+            ok &= compile_units(cfg, work / "objects", log, args.cuda_include, args.archs)
         results[pin] = log
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"results: {args.work / 'results.json'}")

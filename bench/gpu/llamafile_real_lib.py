@@ -13,8 +13,9 @@ double-precision reference (bench/gpu/lse_dlopen.cpp).
     python3 bench/gpu/llamafile_real_lib.py run cleanroom/gpu-realtree --jobs 16 --budget 540
 
 ``run``:
-1. the host: the room's ggml (its CPU backend, static) with CMake, and lse_dlopen linked against it; ``lse_dlopen
-   --cpu-only`` must pass first;
+1. the host: the room's ggml (its CPU backend, static) with CMake, and lse_dlopen linked against it, both with
+   ``-DGGML_MULTIPLATFORM`` as llamafile builds its host and its library (GGML_CALL is then the Microsoft ABI, which
+   every callback the library hands the host uses); ``lse_dlopen --cpu-only`` must pass first;
 2. the library: the tree's real ``llamafile/cuda.sh`` (0.10.x: it sources build-functions.sh, globs the ggml-cuda
    sources, compiles each with nvcc in parallel, ggml's core with gcc/g++, links with nvcc; TinyBLAS, as llamafile
    ships it), with ``HOME`` and ``CUDA_PATH`` set for it: ``llamafile/cuda.sh -jN --output ggml-cuda.so``. One change:
@@ -50,6 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOST_SRC = REPO / "bench" / "gpu" / "lse_dlopen.cpp"
 KEEP = ("llamafile/cuda.sh", "llamafile/build-functions.sh", "llamafile/tinyblas.h", "llamafile/tinyblas.cu",
         "llamafile/tinyblas-compat.h", "llama.cpp/ggml/")
+MULTIPLATFORM = "-DGGML_MULTIPLATFORM"  # as llamafile/build-functions.sh compiles the library
 EXPORTS = ("ggml_backend_cuda_init", "ggml_backend_cuda_reg", "ggml_backend_cuda_get_device_count",
            "ggml_cuda_flash_attn_ext_lse", "ggml_cuda_flash_attn_ext_lse_merge")
 
@@ -102,7 +104,12 @@ def build_host(tree: Path, work: Path, jobs: int) -> tuple[Path | None, str]:
         pc.write_text("# empty: llama.cpp's copy of ggml has no ggml.pc.in, which ggml's CMakeLists.txt configures\n")
     code, out = sh(["cmake", "-S", str(tree / "llama.cpp" / "ggml"), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
                     "-DBUILD_SHARED_LIBS=OFF", "-DGGML_CUDA=OFF", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=OFF",
-                    "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF"], work)
+                    "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF",
+                    # llamafile's host and its GPU library are both built with GGML_MULTIPLATFORM: GGML_CALL is then
+                    # the Microsoft ABI, and every backend callback the library hands the host (reg->iface.*) uses
+                    # it; a host built without it calls them with the System V ABI (seen: a crash in
+                    # ggml_backend_cuda_reg_get_device_count, reading reg from rcx)
+                    f"-DCMAKE_C_FLAGS={MULTIPLATFORM}", f"-DCMAKE_CXX_FLAGS={MULTIPLATFORM}"], work)
     if code:
         return None, "cmake: " + out[-3000:]
     code, out = sh(["cmake", "--build", str(build), "-j", str(jobs), "--target", "ggml"], work)
@@ -111,7 +118,7 @@ def build_host(tree: Path, work: Path, jobs: int) -> tuple[Path | None, str]:
     libs = sorted(str(p) for p in build.rglob("*.a"))
     order = sorted(libs, key=lambda x: ("ggml-base" in x, x))  # dependants first, ggml-base last
     inc = tree / "llama.cpp" / "ggml" / "include"
-    code, out = sh(["g++", "-std=c++17", "-O2", f"-I{inc}", str(HOST_SRC), "-o", str(exe), "-Wl,--start-group", *order,
+    code, out = sh(["g++", "-std=c++17", "-O2", MULTIPLATFORM, f"-I{inc}", str(HOST_SRC), "-o", str(exe), "-Wl,--start-group", *order,
                     "-Wl,--end-group", "-ldl", "-lpthread", "-lm"], work)
     if code:
         return None, "link lse_dlopen: " + out[-3000:]

@@ -7,8 +7,9 @@
 #   run_bg     the protocol's $STAGES (default "dev heldout ppl speed"), detached, once the build and both models are
 #              there (below); results in ~/lc. The machine is handed back 30 s after a call ends, detached work with
 #              it: keep calling `wait` back to back. Committed: dev (2026-12-05, dev-results/, its perplexities
-#              completed 2026-12-06) and heldout (2026-12-06, heldout-results/: its ceiling failed, see sets.yaml), so
-#              the next session starts at STAGES="heldout2 gemmappl speed"
+#              completed 2026-12-06), heldout and heldout2 (2026-12-06, heldout-results/: both ceilings failed, see
+#              sets.yaml), gemmappl and speed (2026-12-06), and devtext's 3x/4x/8x cells, so the next session runs
+#              STAGES="devtext" (run.py skips no committed trial: the machine starts bare; its 6x and 1M cells are new)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -107,13 +108,19 @@ stage_heldout() { heldout_passkey heldout 98000 196000 1040000 32500 65000; }
 
 stage_heldout2() { heldout_passkey heldout2 100000 190000 1048000 33000 66000; } # the needle-free held-out text (sets.yaml)
 
-stage_gemmappl() { # gemma's held-out perplexity (the 2026-12-06 run ended before it)
-    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
+stage_devtext() { heldout_passkey devtext-heldout 99000 188000 1044000 33500 65500; } # dev text, new seed/keys/depths/lengths
+
+# gemma's held-out perplexity: two windows of 98304 tokens need ~791k characters of the prose (600k gave 149k tokens:
+# llama-perplexity refused, 2026-12-06)
+GEMMA_PPL_CHARS=850000
+
+stage_gemmappl() {
+    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars $GEMMA_PPL_CHARS --jobs 2 "${COMMON[@]}"
 }
 
 stage_ppl() {
     $RUN ppl --set heldout --model smollm2-135m --methods $SMOL_DEV,dca,yarn,plain --jobs 3 "${COMMON[@]}"
-    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars 600000 --jobs 2 "${COMMON[@]}"
+    stage_gemmappl
 }
 
 stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }

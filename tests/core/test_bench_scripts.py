@@ -456,3 +456,39 @@ def test_gpu_library_check_sees_what_cuda_sh_hides() -> None:
            'Linking...\nSuccessfully built: /t/ggml-cuda.so\n')
     assert lib.compile_errors(log) == ["ggml.c", "mmq.cu"]
     assert lib.compile_errors("[1/2] Compiling: a.cu\n[2/2] Compiling: b.cu\nSuccessfully built: x.so\n") == []
+
+
+def test_gpu_library_host_is_built_as_llamafile_builds_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llamafile compiles its GPU library with -DGGML_MULTIPLATFORM (GGML_CALL = the Microsoft ABI for every backend
+    callback); a host built without it calls them with the System V ABI and crashes in the library (seen on the H100:
+    ggml_backend_cuda_reg_get_device_count read reg from rcx). The check's ggml and its lse_dlopen both get it."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    import llamafile_real_lib as lib
+
+    calls: list[list[str]] = []
+
+    def record(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None):
+        calls.append(argv)
+        return 0, ""
+
+    monkeypatch.setattr(lib, "sh", record)
+    (tmp_path / "llama.cpp" / "ggml" / "include").mkdir(parents=True)
+    exe, how = lib.build_host(tmp_path, tmp_path / "work", 2)
+    assert how == "built"
+    configure, _build, link = calls
+    assert "-DCMAKE_C_FLAGS=-DGGML_MULTIPLATFORM" in configure and "-DCMAKE_CXX_FLAGS=-DGGML_MULTIPLATFORM" in configure
+    assert link[0] == "g++" and "-DGGML_MULTIPLATFORM" in link and exe == tmp_path / "work" / "lse_dlopen"
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc not installed")
+def test_realtree_compiles_for_the_architectures_nvcc_knows() -> None:
+    """bench/realtree.py --archs: one -gencode per architecture this nvcc lists; one it does not know is left out and
+    reported, never passed to nvcc."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import realtree
+
+    flags, unknown = realtree.gencodes(shutil.which("nvcc") or "nvcc", "86, 90,999")
+    assert flags == ["-gencode", "arch=compute_86,code=sm_86", "-gencode", "arch=compute_90,code=sm_90"]
+    assert unknown == ["999"]

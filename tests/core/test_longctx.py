@@ -110,24 +110,43 @@ def test_the_sets_differ_in_every_axis():
     assert len(ks & kh) <= math.ceil(0.02 * len(kh)), "the sets share keys"
 
 
-@pytest.mark.parametrize("folder, set_name", [("dev-results", "dev"), ("heldout-results", "heldout")])
-def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_name):
+def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
+    """devtext-heldout reuses the dev text on purpose (the one text both models retrieve from inside their window) and
+    differs in every other axis: seed, lengths, the inside length, and so keys and depths."""
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    dev, dt = sets["dev"], sets["devtext-heldout"]
+    assert dt["text"] == dev["text"] and dt["seed"] not in {s["seed"] for n, s in sets.items() if n != "devtext-heldout"}
+    for model in dev["cells"]:
+        a, b = dev["cells"][model], dt["cells"][model]
+        assert not set(a["lengths"]) & set(b["lengths"]) and a["inside"] != b["inside"]
+    assert dt["trials"] >= 20 and dt["ceiling_min"] >= 16
+    td = {(t.key, round(t.depth, 3)) for c in dev["cells"].values() for n in c["lengths"]
+          for t in longctx.trials("dev", dev["seed"], n, 20)}
+    tt = {(t.key, round(t.depth, 3)) for c in dt["cells"].values() for n in c["lengths"]
+          for t in longctx.trials("devtext-heldout", dt["seed"], n, 20)}
+    assert not td & tt, "a trial of dev comes back in devtext-heldout"
+
+
+@pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
+                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout"))])
+def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
     import json
 
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
-    st = sets[set_name]
     rows = [json.loads(line) for line in (REPO / "bench" / "longctx" / folder / "passkey.jsonl").read_text().splitlines()]
     assert len(rows) >= 200
     keys = {}
     for r in rows:
-        assert r["set"] == set_name
+        assert r["set"] in set_names
+        set_name = r["set"]
+        st = sets[set_name]
         n = int(st["cells"][r["model"]]["inside"]) if r["length"] == "inside" else int(r["length"])
-        if (n, r["index"]) not in keys:
+        if (set_name, n, r["index"]) not in keys:
             count = 3 if n >= 500_000 else st["trials"]
-            keys[(n, r["index"])] = longctx.trials(set_name, st["seed"], n, count)[r["index"]].key
-        assert r["key"] == keys[(n, r["index"])], r
+            keys[(set_name, n, r["index"])] = longctx.trials(set_name, st["seed"], n, count)[r["index"]].key
+        assert r["key"] == keys[(set_name, n, r["index"])], r
         assert r["tokens"] == n
         assert r["ok"] == longctx.passed(r["key"], r["answer"]), r
 
