@@ -8,13 +8,15 @@
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once,
 - held-out 2: the same prose without every paragraph that uses a word of the needle or the question (pass, key,
   remember, ...: ``longctx.needle_free``): the first held-out text answered the question itself for these models
-  ("The pass key is" -> "used to pass the value"), inside their trained windows too (sets.yaml).
+  ("The pass key is" -> "used to pass the value"), inside their trained windows too (sets.yaml),
+- held-out 3: source code other than llama.cpp's, Python 3.11's standard library as Python source, needle-free, 4M
+  characters (``longctx.code_heldout_text``): heldout2's prose failed its ceiling as well (gemma-3-270m 4/20).
 
 The builders are dcaforge.gate.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
-        writes build/longctx/dev.txt, heldout.txt and heldout2.txt and prints their sha256, which sets.yaml pins: a text that
+        writes build/longctx/dev.txt, heldout.txt, heldout2.txt and heldout3.txt and prints their sha256, which sets.yaml pins: a text that
         differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -62,7 +64,9 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = heldout_text()
-    for name, text in (("dev", dev_text(Path(a.tree))), ("heldout", held), ("heldout2", longctx.needle_free(held))):
+    texts = (("dev", dev_text(Path(a.tree))), ("heldout", held), ("heldout2", longctx.needle_free(held)),
+             ("heldout3", longctx.code_heldout_text()))
+    for name, text in texts:
         (out / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text)} chars, sha256 {hashlib.sha256(text.encode()).hexdigest()}")
     return 0

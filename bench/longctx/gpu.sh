@@ -9,7 +9,8 @@
 #              it: keep calling `wait` back to back. Committed: dev (2026-12-05, dev-results/, its perplexities
 #              completed 2026-12-06), heldout and heldout2 (2026-12-06, heldout-results/: both ceilings failed, see
 #              sets.yaml), gemmappl and speed (2026-12-06), and devtext's 3x/4x/8x cells, so the next session runs
-#              STAGES="devtext" (run.py skips no committed trial: the machine starts bare; its 6x and 1M cells are new)
+#              STAGES="heldout3 devtext" (the machine starts bare, so devtext runs its done cells again; its 6x and 1M
+#              cells are new)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -107,6 +108,8 @@ heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py st
 stage_heldout() { heldout_passkey heldout 98000 196000 1040000 32500 65000; }
 
 stage_heldout2() { heldout_passkey heldout2 100000 190000 1048000 33000 66000; } # the needle-free held-out text (sets.yaml)
+
+stage_heldout3() { heldout_passkey heldout3 97000 195000 1046000 32000 64500; } # code other than llama.cpp's (sets.yaml)
 
 stage_devtext() { heldout_passkey devtext-heldout 99000 188000 1044000 33500 65500; } # dev text, new seed/keys/depths/lengths
 

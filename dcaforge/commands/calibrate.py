@@ -164,6 +164,9 @@ def print_report(rep: Report) -> None:
         mark = " <- pick" if m == rep.choice.pick else ""
         t.add_row(m + mark, *[str(by[n]) for n in lengths], str(rep.total(by)), "-" if v is None else f"{v:.4f}")
     out.print(t)
+    for which, sc in rep.ceilings.items():
+        out.print(f"ceiling:  {which} text, plain attention inside L ({rep.plan.inside} tokens): {sc}"
+                  + ("" if rep.ceiling_line(which) is None else "  BELOW the ceiling: this text cannot rank methods past L"))
     out.print(f"pick:     {rep.choice.pick}: the most exact dev answers; among those within {rep.choice.slack} of the "
               f"best ({', '.join(rep.choice.near)}), the lowest dev perplexity, then the larger S")
     t = Table(title="held-out: exact first answers k/n [Wilson 95%] (reported, not used to choose)")

@@ -11,9 +11,13 @@ that ``--dca on`` alone uses them.
    (dcaforge/gate/longctx.py: a fresh random key and depth per trial, a token-exact prompt in real text, strict scoring)
    at ~2.5x and ~5x L of the dev text, and, when llama-perplexity is there, the dev text's perplexity at ~2.5x L.
 3. **Pick** with the rule the bench uses (:func:`dcaforge.gate.longctx.choose`): the most exact answers; among those
-   within 10% of the trials of the best, the lowest dev perplexity; then the larger S.
-4. **Held-out check**: the pick beside YaRN at ~3x and ~6x L of another text (its own seed, keys, depths and
-   lengths). It is reported, never used to choose.
+   within 10% of the trials of the best, the lowest dev perplexity; then the larger S. First, the dev text's
+   **ceiling**: plain attention inside L (0.9 L) must find the key in 80% of as many trials as a candidate gets
+   (bench/longctx/sets.yaml's ceiling_min); below it the answers cannot rank settings, the pick is the lowest dev
+   perplexity (then the larger S), and a note says so.
+4. **Held-out check**: its text's ceiling the same way, then, only if it holds, the pick beside YaRN at ~3x and ~6x
+   L of another text (its own seed, keys, depths and lengths). It is reported, never used to choose; a failed
+   ceiling makes the verdict "cannot judge" instead of a comparison that means nothing.
 5. **Write** a copy of the GGUF with ``<arch>.attention.dual_chunk.chunk_size`` and ``.local_size`` (uint32) set,
    every other key and every tensor as they were (:func:`write_dca_copy`, checked by reading the copy back), through
    a temporary file, so an interrupted run leaves no half-written output.
@@ -36,7 +40,15 @@ from dcaforge.config import Config
 from dcaforge.errors import CalibrateError
 from dcaforge.gate import longctx
 from dcaforge.gate.calibrate_gguf import GgufInfo, inspect_gguf, write_dca_copy
-from dcaforge.gate.calibrate_plan import DEFAULT_DEV_TRIALS, DEFAULT_HELDOUT_TRIALS, DEFAULT_MAX_TOKENS, Plan, plan
+from dcaforge.gate.calibrate_plan import (
+    CEILING_MIN,
+    DEFAULT_DEV_TRIALS,
+    DEFAULT_HELDOUT_TRIALS,
+    DEFAULT_MAX_TOKENS,
+    Plan,
+    ceiling_holds,
+    plan,
+)
 from dcaforge.gate.calibrate_report import Report
 from dcaforge.gate.calibrate_sweep import Servers, Sweep, Text, pick
 from dcaforge.git import run
@@ -185,19 +197,37 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     work.mkdir(parents=True, exist_ok=True)
     r = Sweep(Servers(opts.model, opts.server, ppl_exe, opts.server_args, opts.load_timeout), info, work,
               hooks.on_step, hooks.on_trial)
+    ceilings: dict[str, longctx.Score] = {}
+    measured = r.ceiling(pl, "dev", opts.dev, notes)   # can the dev text rank settings for this model?
+    if measured is not None:
+        ceilings["dev"] = measured
     dev = r.dev_cells(pl, opts.dev)   # every candidate at every dev length, then its dev perplexity
     ppl = r.dev_perplexity(pl, opts.dev, notes)
-    choice = pick(pl, dev, ppl)
+    answers_rank = "dev" not in ceilings or ceiling_holds(ceilings["dev"])
+    choice = pick(pl, dev, ppl, answers_rank)
+    if not answers_rank:
+        notes.append(f"plain attention inside L found the key {ceilings['dev']} on the dev text, below the ceiling of "
+                     f"{CEILING_MIN:.0%}: the dev answers cannot rank the settings, so the pick is the lowest dev "
+                     "perplexity (then the larger S); give a --dev-text this model can be searched in")
     mp = longctx.parse_method(choice.pick)
     r.step(f"pick: {choice.pick} ({choice.why})")
-    heldout = r.heldout_cells(pl, choice.pick, opts.heldout)   # the pick beside YaRN, reported only
+    measured = r.ceiling(pl, "heldout", opts.heldout, notes)
+    if measured is not None:
+        ceilings["heldout"] = measured
+    if "heldout" not in ceilings or ceiling_holds(ceilings["heldout"]):
+        heldout = r.heldout_cells(pl, choice.pick, opts.heldout)   # the pick beside YaRN, reported only
+    else:   # as bench/longctx/run.py: a text that fails its ceiling judges no method; its cells are not run
+        heldout = {choice.pick: {}, "yarn": {}}
 
     r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local})")
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local)
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
-                 chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes)
-    if Report.total(heldout[choice.pick]).k < Report.total(heldout["yarn"]).k:
+                 chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings)
+    if rep.ceiling_line("heldout"):
+        notes.append(f"{rep.ceiling_line('heldout')}; its cells were not run: give a --heldout-text this model can be "
+                     "searched in (another text than the dev one)")
+    elif Report.total(heldout[choice.pick]).k < Report.total(heldout["yarn"]).k:
         notes.append("the pick scored below YaRN on the held-out trials: DCA past L is not better than YaRN on this "
                      "model at these lengths")
     from dcaforge.gate.plot import plot_calibration

@@ -28,6 +28,12 @@ HELDOUT_SET, HELDOUT_SEED = "calibrate-heldout", 5550123
 DEFAULT_DEV_TRIALS = 10           # per dev length: 20 per candidate
 DEFAULT_HELDOUT_TRIALS = 10       # per held-out length: 20 for the pick, 20 for YaRN
 DEFAULT_MAX_TOKENS = 262144
+#: the ceiling (bench/longctx/sets.yaml's ceiling_min, 16 of 20): before a text ranks settings past L, plain attention
+#: must find the key in at least this share of trials inside L (prompts of INSIDE_SHARE x L). A text a model cannot be
+#: searched in inside its own window (held-out prose for gemma-3-270m: 2/20 and 4/20, 2026-12-06) says nothing about
+#: a method that extends the window.
+CEILING_MIN = 0.8
+INSIDE_SHARE = 0.9
 #: the plan's time estimate: prompt processing on one H100/H200 for a model of ~300M parameters, and a server start
 SECONDS_PER_100K_TOKENS = 3.0
 SECONDS_PER_SERVER = 8.0
@@ -62,11 +68,17 @@ class Plan:
     ppl_ctx: int | None               # the dev perplexity's context (None: not measured)
     slack: int                        # the rule's slack: 10% of a candidate's dev trials
     estimate_seconds: float
+    inside: int = 0                   # the ceiling's prompt length, inside L (INSIDE_SHARE x L)
+
+    @property
+    def ceiling_trials(self) -> tuple[int, int]:
+        """Plain attention's trials inside L on the dev and on the held-out text: as many as a candidate gets."""
+        return self.dev_trials * len(self.dev_lengths), self.heldout_trials * len(self.heldout_lengths)
 
     @property
     def total_trials(self) -> int:
         return (len(self.candidates) * len(self.dev_lengths) * self.dev_trials
-                + 2 * len(self.heldout_lengths) * self.heldout_trials)
+                + 2 * len(self.heldout_lengths) * self.heldout_trials + sum(self.ceiling_trials))
 
 
 def plan(info: GgufInfo, *, chunks: Sequence[int] = (), dev_trials: int = DEFAULT_DEV_TRIALS,
@@ -94,9 +106,16 @@ def plan(info: GgufInfo, *, chunks: Sequence[int] = (), dev_trials: int = DEFAUL
 
     dev, held = lengths(DEV_MULTS, DEV_CAP_SHARE), lengths(HELDOUT_MULTS, HELDOUT_CAP_SHARE)
     cands = tuple(longctx.dca_method(s, local_for(s)) for s in sizes)
-    tokens = len(cands) * dev_trials * sum(dev) + 2 * heldout_trials * sum(held)
-    servers = len(cands) * len(dev) + 2 * len(held)
+    inside = int(INSIDE_SHARE * L)
+    tokens = (len(cands) * dev_trials * sum(dev) + 2 * heldout_trials * sum(held)
+              + inside * (dev_trials * len(dev) + heldout_trials * len(held)))
+    servers = len(cands) * len(dev) + 2 * len(held) + 2
     ppl_ctx = dev[0] if perplexity else None
     est = tokens / 100_000 * SECONDS_PER_100K_TOKENS + servers * SECONDS_PER_SERVER + (len(cands) * SECONDS_PER_PPL if ppl_ctx else 0)
     slack = max(1, round(0.1 * dev_trials * len(dev)))
-    return Plan(L, cands, dev, held, dev_trials, heldout_trials, ppl_ctx, slack, round(est))
+    return Plan(L, cands, dev, held, dev_trials, heldout_trials, ppl_ctx, slack, round(est), inside)
+
+
+def ceiling_holds(score: longctx.Score) -> bool:
+    """Whether plain attention inside L found the key often enough for the text to rank methods past L."""
+    return score.n > 0 and score.k >= CEILING_MIN * score.n

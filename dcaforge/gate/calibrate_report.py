@@ -9,7 +9,7 @@ from typing import Any
 
 from dcaforge.gate import longctx
 from dcaforge.gate.calibrate_gguf import CopyResult, GgufInfo
-from dcaforge.gate.calibrate_plan import Plan
+from dcaforge.gate.calibrate_plan import CEILING_MIN, Plan, ceiling_holds
 
 
 @dataclass
@@ -30,6 +30,15 @@ class Report:
     plot_path: Path | None = None
     json_path: Path | None = None
     seconds: float = 0.0
+    ceilings: dict[str, longctx.Score] = field(default_factory=dict)   # "dev", "heldout" -> plain inside L
+
+    def ceiling_line(self, which: str) -> str | None:
+        """A failed ceiling in words (None when it holds or was not measured)."""
+        s = self.ceilings.get(which)
+        if s is None or ceiling_holds(s):
+            return None
+        return (f"plain attention inside L ({self.plan.inside} tokens) found the key {s} on the {which} text, below "
+                f"the ceiling of {CEILING_MIN:.0%}: that text cannot rank methods past L for this model")
 
     @staticmethod
     def total(cells: dict[int, longctx.Score]) -> longctx.Score:
@@ -37,7 +46,10 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """The held-out check in a line: the pick's score beside YaRN's."""
+        """The held-out check in a line: the pick's score beside YaRN's, or why the held-out text cannot judge."""
+        failed = self.ceiling_line("heldout")
+        if failed:
+            return f"held-out: cannot judge: {failed}"
         p, y = self.total(self.heldout[self.choice.pick]), self.total(self.heldout["yarn"])
         if p.k > y.k:
             word = "above"
@@ -62,6 +74,7 @@ class Report:
                 "choice": {"pick": self.choice.pick, "why": self.choice.why, "near": list(self.choice.near),
                            "slack": self.choice.slack, "chunk_size": self.chunk, "local_size": self.local},
                 "heldout": cells(self.heldout), "verdict": self.verdict,
+                "ceilings": {k: {**sc(v), "holds": ceiling_holds(v)} for k, v in self.ceilings.items()},
                 "copy": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.copy).items()},
                 "notes": self.notes, "plot": str(self.plot_path) if self.plot_path else None,
                 "seconds": round(self.seconds, 1)}

@@ -25,6 +25,10 @@ TEXT_CHARS_PER_TOKEN = 6
 MIN_TEXT_CHARS = 50_000
 
 
+class NoRoom(CalibrateError):
+    """A prompt length too short for the frame, the needle and a haystack (a tiny L's ceiling)."""
+
+
 @dataclass(frozen=True)
 class Text:
     """A text of the protocol: where it came from (a file, the room's llama.cpp sources, Python's documentation)."""
@@ -104,7 +108,12 @@ class Sweep:
             tok = self._tok(srv, False)
             for t in longctx.trials(set_name, seed, length, n):
                 needle = tok(longctx.NEEDLE.format(key=t.key))
-                toks = longctx.prompt_tokens(t, corpus, self.frame, needle)
+                try:
+                    toks = longctx.prompt_tokens(t, corpus, self.frame, needle)
+                except ValueError as exc:   # the frame and the needle fill the length: no haystack fits
+                    raise NoRoom(f"{set_name} {method} at {length} tokens: {exc}", where=text.name,
+                                 hint="a longer prompt is needed: this model's trained context is too small for "
+                                      "this measurement") from None
                 t0 = time.monotonic()
                 rec: dict[str, Any] = {"set": set_name, "method": method, "length": length, "index": t.index,
                                        "key": t.key, "depth": round(longctx.needle_depth(t, toks, needle), 4)}
@@ -172,6 +181,20 @@ class Sweep:
             notes.append("llama-perplexity gave no result (see the logs): the pick used the answers alone")
         return ppl
 
+    def ceiling(self, pl: Plan, which: str, text: Text, notes: list[str]) -> longctx.Score | None:
+        """Plain attention inside L (``pl.inside`` tokens) on the dev or the held-out text: whether that text can rank
+        methods past L for this model (:func:`dcaforge.gate.calibrate_plan.ceiling_holds`). None, with a note, where
+        L is too small for a prompt inside it to hold the question, the needle and some text."""
+        set_name, seed = (DEV_SET, DEV_SEED) if which == "dev" else (HELDOUT_SET, HELDOUT_SEED)
+        n = pl.ceiling_trials[0 if which == "dev" else 1]
+        longest = max(pl.dev_lengths if which == "dev" else pl.heldout_lengths)
+        try:
+            return self.cell(set_name, seed, "plain", pl.inside, n, text, longest)
+        except NoRoom:
+            notes.append(f"the {which} text's ceiling was not measured: a prompt inside L ({pl.inside} tokens) has no "
+                         "room for text beside the question and the needle")
+            return None
+
     def heldout_cells(self, pl: Plan, pick: str, text: Text) -> dict[str, dict[int, longctx.Score]]:
         """The pick beside YaRN at every held-out length (reported only): method -> length -> score."""
         heldout: dict[str, dict[int, longctx.Score]] = {pick: {}, "yarn": {}}
@@ -181,10 +204,14 @@ class Sweep:
         return heldout
 
 
-def pick(pl: Plan, dev: dict[str, dict[int, longctx.Score]], ppl: dict[str, float | None]) -> longctx.Choice:
-    """The bench's rule (:func:`dcaforge.gate.longctx.choose`) over the dev sweep."""
+def pick(pl: Plan, dev: dict[str, dict[int, longctx.Score]], ppl: dict[str, float | None],
+         answers_rank: bool = True) -> longctx.Choice:
+    """The bench's rule (:func:`dcaforge.gate.longctx.choose`) over the dev sweep. ``answers_rank`` False (the dev
+    text failed its ceiling): every candidate counts as near the best, so the lowest dev perplexity picks, then the
+    larger S."""
+    slack = pl.slack if answers_rank else sum(pl.ceiling_trials) + pl.dev_trials * len(pl.dev_lengths)
     return longctx.choose({m: Report.total(by) for m, by in dev.items()},
-                          {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=pl.slack)
+                          {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=slack)
 
 
 def last_chunk_perplexity(text: str) -> float | None:

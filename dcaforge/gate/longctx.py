@@ -335,6 +335,36 @@ def needle_free(text: str) -> str:
     return "\n\n".join(p for p in re.split(r"\n\s*\n", text) if p.strip() and not NEEDLE_WORDS.search(p))
 
 
+#: the code held-out text's length: enough for a 1M-token prompt of these tokenizers (~3.5 characters a token of code)
+CODE_TEXT_CHARS = 4_000_000
+
+
+def code_heldout_text(limit: int = CODE_TEXT_CHARS) -> str:
+    """A held-out text of source code that is not llama.cpp's: this Python's standard library as Python source
+    (``Lib/*.py`` then ``Lib/*/*.py``, sorted, without the ``test``, ``idlelib``, ``lib2to3`` and ``site-packages``
+    folders), each file once, joined by blank lines, then :func:`needle_free`, at most ``limit`` characters (whole
+    paragraphs). Code, the one genre these small models can be searched in inside their window (the dev text is
+    code; Python's documentation failed the ceiling twice, 2026-12-06), but other code than the dev text's. The
+    bench pins Python 3.11's (bench/longctx/corpus.py); another Python gives another text."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "idlelib", "lib2to3", "site-packages", "tkinter", "turtledemo", "ensurepip"}
+    files = sorted(lib.glob("*.py")) + sorted(f for f in lib.glob("*/*.py") if f.parent.name not in skip)
+    parts: list[str] = []
+    for f in files:
+        try:
+            parts.append(f.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    out: list[str] = []
+    size = 0
+    for para in needle_free("\n\n".join(parts)).split("\n\n"):
+        if size + len(para) + 2 > limit:
+            break
+        out.append(para)
+        size += len(para) + 2
+    return "\n\n".join(out)
+
+
 def heldout_text() -> str:
     """The held-out text: English prose, this Python's own documentation: ``pydoc_data.topics`` (the language
     reference, as ``help()`` shows it), then every module, class and function docstring over 200 characters of the

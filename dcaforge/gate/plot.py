@@ -234,7 +234,9 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     def frac(s: Any) -> tuple[float, float, float]:
         lo, hi = s.interval
         p = s.k / s.n if s.n else 0.0
-        return p, p - lo, hi - p
+        # clamped: Wilson's bound of k = n (or k = 0) can land a rounding error past p, and matplotlib refuses a
+        # negative error bar (seen: 2/2 -> hi - p = -1.1e-16)
+        return p, max(0.0, p - lo), max(0.0, hi - p)
 
     cands = sorted(rep.dev, key=chunk)
     xs = [chunk(m) for m in cands]

@@ -253,7 +253,9 @@ def test_plan_candidates_and_lengths() -> None:
     p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off
     assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048")
     assert p.dev_lengths == (81920, 163840) and p.heldout_lengths == (98304, 196608)
-    assert p.total_trials == 4 * 2 * 10 + 2 * 2 * 10 and p.slack == 2 and p.ppl_ctx == 81920
+    # plus each text's ceiling: plain attention inside L (0.9 L), as many trials as a candidate gets
+    assert p.inside == 29491 and p.ceiling_trials == (20, 20)
+    assert p.total_trials == 4 * 2 * 10 + 2 * 2 * 10 + 20 + 20 and p.slack == 2 and p.ppl_ctx == 81920
     assert p.estimate_seconds <= 15 * 60   # the issue's budget for a 270M model on one H100, at 3 s per 100k tokens
     assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512")
     assert cal.plan(info(4096)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256")   # at least 512
@@ -390,3 +392,40 @@ def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "held-out: dca:128:16 3/4 [0.30, 0.95] above YaRN 0/4 [0.00, 0.49]" in text
     assert "qwen2.attention.dual_chunk.chunk_size = 128, local_size = 16; every other key and the 50 tensors" in text
     assert os.fspath(out) in text
+
+
+def test_a_text_that_fails_its_ceiling_ranks_and_judges_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plain attention inside L must find the key in 80% of the trials before a text ranks settings past L (the
+    bench's ceiling_min): a failed dev ceiling makes the pick the lowest dev perplexity, a failed held-out ceiling makes
+    the verdict "cannot judge" (no comparison with YaRN), and both are in the report, its JSON and its text."""
+    from dcaforge.commands.calibrate import print_report
+    from dcaforge.gate.calibrate_plan import ceiling_holds
+    from dcaforge.gate.calibrate_sweep import pick
+    from dcaforge.gate.plot import plot_calibration
+
+    assert ceiling_holds(S(16, 20)) and not ceiling_holds(S(15, 20)) and not ceiling_holds(S(0, 0))
+    info = cal.inspect_gguf(MODEL)
+    pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2)
+    assert pl.inside == 230 and pl.ceiling_trials == (4, 4)
+    dev = {pl.candidates[0]: {640: S(2, 2), 1280: S(2, 2)}, pl.candidates[1]: {640: S(0, 2), 1280: S(0, 2)}}
+    ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1}
+    assert pick(pl, dev, ppl).pick == "dca:64:8"                         # the answers rank: most answers
+    choice = pick(pl, dev, ppl, answers_rank=False)
+    assert choice.pick == "dca:128:16"                                   # they cannot: the lowest dev perplexity
+    assert pick(pl, dev, {m: None for m in ppl}, answers_rank=False).pick == "dca:128:16"   # then the larger S
+    out = tmp_path / "m.dca.gguf"
+    copy = cal.write_dca_copy(MODEL, out, 128, 16)
+    rep = cal.Report(MODEL, out, tmp_path, info, pl, dev, ppl, choice, 128, 16, {choice.pick: {}, "yarn": {}}, copy,
+                     ceilings={"dev": S(1, 4), "heldout": S(3, 4)})
+    assert rep.verdict.startswith("held-out: cannot judge: plain attention inside L (230 tokens) found the key 3/4")
+    assert rep.ceiling_line("dev") is not None
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["ceilings"]["heldout"]["holds"] is False and d["ceilings"]["dev"]["k"] == 1
+    assert d["heldout"]["yarn"]["total"]["n"] == 0
+    assert plot_calibration(rep, tmp_path / "sweep.png") is not None      # an empty held-out panel draws
+    print_report(rep)
+    text = capsys.readouterr().out
+    assert "ceiling:  dev text, plain attention inside L (230 tokens): 1/4" in text and "BELOW the ceiling" in text
+    rep.ceilings["heldout"] = S(4, 4)
+    rep.heldout = {choice.pick: {768: S(1, 2), 1536: S(0, 2)}, "yarn": {768: S(2, 2), 1536: S(0, 2)}}
+    assert rep.ceiling_line("heldout") is None and "BELOW YaRN" in rep.verdict

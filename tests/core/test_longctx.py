@@ -169,6 +169,26 @@ def test_heldout2_is_the_needle_free_heldout_and_differs_from_both():
         assert longctx.sha256_text(longctx.needle_free(longctx.heldout_text())) == h2["text"]["sha256"]
 
 
+def test_heldout3_is_code_that_is_not_the_dev_text_and_every_set_has_its_own_lengths():
+    """heldout3: Python source (not llama.cpp's), needle-free, within its limit, pinned for Python 3.11; every set of
+    sets.yaml has its own seed and no length another set has (a model's inside length included)."""
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    h3 = sets["heldout3"]
+    assert h3["ceiling_min"] >= 0.8 * h3["trials"] and h3["text"]["file"] == "heldout3.txt"
+    seeds = [st["seed"] for st in sets.values()]
+    assert len(seeds) == len(set(seeds))
+    for model in h3["cells"]:
+        seen: list[int] = []
+        for st in sets.values():
+            seen += [st["cells"][model]["inside"], *st["cells"][model]["lengths"]]
+        assert len(seen) == len(set(seen)), (model, seen)
+    text = longctx.code_heldout_text(200_000)
+    assert 190_000 < len(text) <= 200_000 and "def " in text and "llama" not in text.lower()
+    assert not longctx.NEEDLE_WORDS.search(text)
+    if sys.version_info[:2] == (3, 11):   # the text is Python 3.11's standard library
+        assert longctx.sha256_text(longctx.code_heldout_text()) == h3["text"]["sha256"]
+
+
 def test_a_set_whose_ceiling_fails_runs_no_extension_cell(tmp_path, capsys):
     """run.py passkey: a set's extension cells wait for plain attention's inside-window ceiling (sets.yaml
     ceiling_min): not measured or below it, nothing is run (exit 2) and the report marks the cells."""
