@@ -12,7 +12,8 @@
 - held-out 3: source code other than llama.cpp's, Python 3.11's standard library as Python source, needle-free, 4M
   characters (``longctx.code_heldout_text``): heldout2's prose failed its ceiling as well (gemma-3-270m 4/20).
 
-The builders are dcaforge.gate.longctx's ``dev_text`` and ``heldout_text`` (``dcaforge calibrate`` uses them too); this
+The builders are dcaforge.gate.longctx's ``dev_text``, ``heldout_text`` and ``code_heldout_text`` (``dcaforge calibrate``
+uses the first and the last); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)

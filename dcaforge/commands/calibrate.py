@@ -26,7 +26,7 @@ from dcaforge.gate.calibrate import (
     Report,
     file_text,
     preflight,
-    python_docs_text,
+    python_source_text,
     room_dev_text,
     room_server,
 )
@@ -63,7 +63,7 @@ def calibrate(
     dev_text: Annotated[Path | None, typer.Option("--dev-text", help="the dev text (default: the clean room's "
                                                   "llama.cpp sources)")] = None,
     heldout_text: Annotated[Path | None, typer.Option("--heldout-text", help="the held-out text (default: this "
-                                                      "Python's documentation)")] = None,
+                                                      "Python's standard library, as source code)")] = None,
     chunks: Annotated[str, typer.Option("--chunks", help="the chunk sizes to try, e.g. 2048,4096 (default: L/16, "
                                         "L/8, L/4, L/2)")] = "",
     dev_trials: Annotated[int, typer.Option("--dev-trials", help="passkey trials per dev length and candidate")] = DEFAULT_DEV_TRIALS,
@@ -87,7 +87,7 @@ def calibrate(
 
     def texts() -> tuple[Any, Any]:
         dev = file_text(dev_text, "dev text") if dev_text is not None else room_dev_text(cfg)  # type: ignore[arg-type]
-        held = file_text(heldout_text, "held-out text") if heldout_text is not None else python_docs_text()
+        held = file_text(heldout_text, "held-out text") if heldout_text is not None else python_source_text()
         return dev, held
 
     dev, held = call(texts)

@@ -31,7 +31,8 @@ class NoRoom(CalibrateError):
 
 @dataclass(frozen=True)
 class Text:
-    """A text of the protocol: where it came from (a file, the room's llama.cpp sources, Python's documentation)."""
+    """A text of the protocol: where it came from (a file, the room's llama.cpp sources, Python's standard library
+    source)."""
 
     name: str
     text: str

@@ -128,7 +128,8 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 
 
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
-                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout"))])
+                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout")),
+                                               ("cpu-results", ("heldout3",))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
@@ -136,7 +137,7 @@ def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names
 
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
     rows = [json.loads(line) for line in (REPO / "bench" / "longctx" / folder / "passkey.jsonl").read_text().splitlines()]
-    assert len(rows) >= 200
+    assert len(rows) >= (20 if folder == "cpu-results" else 200)
     keys = {}
     for r in rows:
         assert r["set"] in set_names

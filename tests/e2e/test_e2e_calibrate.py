@@ -1,7 +1,7 @@
 """`dcaforge calibrate` end to end on the committed trained model (tests/models/longctx-qwen2.gguf: qwen2, byte-level,
 L = 256), through the clean room's llama-server (the `serve_tree` build) as a user runs it: `-c CONFIG` and nothing
 else about the build (the server is the room's, the dev text the room's llama.cpp sources, the held-out text Python's
-documentation), tiny trial counts and two chunk sizes; the dev perplexity when the room's build has llama-perplexity.
+standard library source), tiny trial counts and two chunk sizes; the dev perplexity when the room's build has llama-perplexity.
 The copy is written next to the work folder with the pick's
 sizes, the input is unchanged, and `--dca on` alone on the copy logs that DCA takes "the model's own" sizes from the
 GGUF (llama_dca_resolve in the 0078 C++)."""
