@@ -81,6 +81,12 @@ stage_dev() {
     wait
 }
 
+stage_devdefault() { # the automatic sizes (L/2, L/8 = 16384/4096) on gemma's dev set, never measured there: with them the
+    # dev rule can say whether the default's w should be L/16 (gemma's dev choice) on dev numbers, not held-out ones
+    $RUN passkey --set dev --model gemma-3-270m --methods dca:16384:4096 --lengths 81920 "${COMMON[@]}"
+    $RUN ppl --set dev --model gemma-3-270m --methods dca:16384:4096 --chars 600000 "${COMMON[@]}"
+}
+
 stage_devppl() { # gemma's dev perplexities, which the 2026-12-05 dev stage lost (host memory) for 4 of its 5 candidates
     $RUN ppl --set dev --model gemma-3-270m --methods dca:2048:256,dca:4096:512,dca:8192:1024,dca:4096:512:auto --chars 600000 \
         --jobs 2 "${COMMON[@]}"
