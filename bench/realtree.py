@@ -47,10 +47,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 from llamafile_fixture import port_build_mk  # noqa: E402
+from llamafile_real_lib import gencodes  # noqa: E402  (the GPU library check's -gencode list, one definition)
 from series77 import INCLUDE, make_series  # noqa: E402
 
 LLAMAFILE = ("shaneholloman+llamafile", "18db09f5ca08a033fe0f58cdc20efcc81ae3c087")  # 0.10.1, 2026-05-14
@@ -299,16 +301,6 @@ def run_chain(cfg: Path, co: Path, log: dict) -> bool:
 
 CUDA_UNITS = ("fattn-lse.cu", "fattn-lse-merge.cu", "fattn.cu", "ggml-cuda.cu",
               "fattn-mma-f16-instance-ncols1_1-ncols2_8.cu", "fattn-wmma-f16.cu")
-
-
-def gencodes(nvcc: str, archs: str) -> tuple[list[str], list[str]]:
-    """``-gencode`` flags for each of ``archs`` (comma-separated, e.g. ``86,89,90,120``) that this nvcc knows, and
-    the ones it does not (left out, and reported)."""
-    listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=False).stdout
-    known = set(re.findall(r"compute_(\d+)", listed))
-    wanted = [a.strip() for a in archs.split(",") if a.strip()]
-    flags = [f for a in wanted if a in known for f in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
-    return flags, [a for a in wanted if a not in known]
 
 
 def compile_units(cfg: Path, out: Path, log: dict, cuda_include: Path | None = None, archs: str = "86") -> bool:

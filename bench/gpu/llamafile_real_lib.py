@@ -125,13 +125,19 @@ def build_host(tree: Path, work: Path, jobs: int) -> tuple[Path | None, str]:
     return exe, "built"
 
 
-def arch_flags(archs: str, nvcc: str) -> str | None:
-    if archs == "script":
-        return None
+def gencodes(nvcc: str, archs: str) -> tuple[list[str], list[str]]:
+    """``-gencode`` flags for each of ``archs`` (comma-separated, e.g. ``86,89,90,120``) that this nvcc knows, and
+    the ones it does not (left out, and reported). bench/realtree.py's compile step uses it too."""
     _, listed = sh([nvcc, "--list-gpu-arch"], Path.cwd())
     known = set(re.findall(r"compute_(\d+)", listed))
-    flags = [f"-gencode arch=compute_{a},code=sm_{a}" for a in archs.split(",") if a.strip() in known]
-    return " ".join(flags)
+    wanted = [a.strip() for a in archs.split(",") if a.strip()]
+    flags = [f for a in wanted if a in known for f in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
+    return flags, [a for a in wanted if a not in known]
+
+
+def arch_flags(archs: str, nvcc: str) -> str | None:
+    """The script's ARCH_FLAGS for ``archs`` (None: ``script``, the script's own list)."""
+    return None if archs == "script" else " ".join(gencodes(nvcc, archs)[0])
 
 
 def build_library(tree: Path, work: Path, jobs: int, archs: str, budget: float) -> tuple[int, str, list[str]]:

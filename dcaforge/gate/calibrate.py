@@ -227,8 +227,9 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local)
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
                  chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings)
-    if rep.ceiling_line("heldout"):
-        notes.append(f"{rep.ceiling_line('heldout')}; its cells were not run: give a --heldout-text this model can be "
+    failed = rep.ceiling_line("heldout")
+    if failed:
+        notes.append(f"{failed}; its cells were not run: give a --heldout-text this model can be "
                      "searched in (another text than the dev one)")
     elif Report.total(heldout[choice.pick]).k < Report.total(heldout["yarn"]).k:
         notes.append("the pick scored below YaRN on the held-out trials: DCA past L is not better than YaRN on this "

@@ -68,7 +68,7 @@ class Plan:
     ppl_ctx: int | None               # the dev perplexity's context (None: not measured)
     slack: int                        # the rule's slack: 10% of a candidate's dev trials
     estimate_seconds: float
-    inside: int = 0                   # the ceiling's prompt length, inside L (INSIDE_SHARE x L)
+    inside: int                       # the ceiling's prompt length, inside L (INSIDE_SHARE x L)
 
     @property
     def ceiling_trials(self) -> tuple[int, int]:

@@ -208,9 +208,9 @@ class Sweep:
 def pick(pl: Plan, dev: dict[str, dict[int, longctx.Score]], ppl: dict[str, float | None],
          answers_rank: bool = True) -> longctx.Choice:
     """The bench's rule (:func:`dcaforge.gate.longctx.choose`) over the dev sweep. ``answers_rank`` False (the dev
-    text failed its ceiling): every candidate counts as near the best, so the lowest dev perplexity picks, then the
-    larger S."""
-    slack = pl.slack if answers_rank else sum(pl.ceiling_trials) + pl.dev_trials * len(pl.dev_lengths)
+    text failed its ceiling): every candidate counts as near the best (a slack of a candidate's whole dev trials), so
+    the lowest dev perplexity picks, then the larger S."""
+    slack = pl.slack if answers_rank else pl.dev_trials * len(pl.dev_lengths)
     return longctx.choose({m: Report.total(by) for m, by in dev.items()},
                           {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=slack)
 
