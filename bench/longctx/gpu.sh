@@ -9,8 +9,10 @@
 #              it: keep calling `wait` back to back. Committed: dev (2026-12-05, dev-results/, its perplexities
 #              completed 2026-12-06), heldout and heldout2 (2026-12-06, heldout-results/: both ceilings failed, see
 #              sets.yaml), gemmappl and speed (2026-12-06), and devtext's 3x/4x/8x cells, so the next session runs
-#              STAGES="heldout3 devtext" (the machine starts bare, so devtext runs its done cells again; its 6x and 1M
-#              cells are new)
+#              STAGES="heldout3 devtextrest devdefault" ran 2026-12-06 (heldout3 whole; devtextrest 14 trials at 6x, 1 at
+#              1M: the machine was handed back between two calls and the second one started bare), so the next
+#              session runs GEMMA_ONLY=1 STAGES="devlong devtextrest" (gemma-3's 5x dev cell, then its 6x and 1M held-out cells
+#              with the choice that cell makes; the committed trials are skipped)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -81,8 +83,16 @@ stage_dev() {
     wait
 }
 
+stage_devlong() { # gemma-3's dev cell at 5x (163,840; sets.yaml), which no run had measured: its dev choice of 2026-12-06
+    # (16384 / 2048) was made at 2.5x alone, where every candidate found 13-18/20, and held only at 3x (6x: 9/14)
+    # the dev set's ceiling first (sets.yaml ceiling_min; its 2026-12-05 run measured none, so run.py refuses otherwise)
+    $RUN passkey --set dev --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_DEV --lengths 163840 --jobs 3 "${COMMON[@]}"
+}
+
 stage_devdefault() { # the automatic sizes (L/2, L/8 = 16384/4096) on gemma's dev set, never measured there: with them the
     # dev rule can say whether the default's w should be L/16 (gemma's dev choice) on dev numbers, not held-out ones
+    $RUN passkey --set dev --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set dev --model gemma-3-270m --methods dca:16384:4096 --lengths 81920 "${COMMON[@]}"
     $RUN ppl --set dev --model gemma-3-270m --methods dca:16384:4096 --chars 600000 "${COMMON[@]}"
 }
@@ -97,7 +107,8 @@ choose() { # model methods: the dev choice over this run's results and the commi
 }
 
 heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py stops a model whose ceiling fails), then
-    # the dev choice beside the uncalibrated default (dca), YaRN and plain; SmolLM2 first (fast), gemma's 1M beside
+    # the dev choice beside the uncalibrated default (dca), YaRN and plain (10 trials: it has answered 0 at every
+    # extension length so far); gemma-3 first (the issue's headline cells), its 1M cell beside the others, SmolLM2 last
     local set=$1 G S
     G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
     echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt; cat ~/lc/out/choice.txt
@@ -105,9 +116,11 @@ heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py st
     $RUN passkey --set $set --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set $set --model gemma-3-270m --methods $G --lengths $4 "${COMMON[@]}" > ~/lc/out/$set-1m.log 2>&1 &
     local one_m=$!
-    $RUN passkey --set $set --model smollm2-135m --methods $S,dca,yarn,plain --lengths $5,$6 --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn,plain --lengths $2 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $2 --jobs 3 "${COMMON[@]}"
     $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $3 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods $S,dca,yarn --lengths $5,$6 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths $2 --trials 10 "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths $5,$6 --trials 10 --jobs 2 "${COMMON[@]}"
     wait $one_m
 }
 
@@ -118,6 +131,17 @@ stage_heldout2() { heldout_passkey heldout2 100000 190000 1048000 33000 66000; }
 stage_heldout3() { heldout_passkey heldout3 97000 195000 1046000 32000 64500; } # code other than llama.cpp's (sets.yaml)
 
 stage_devtext() { heldout_passkey devtext-heldout 99000 188000 1044000 33500 65500; } # dev text, new seed/keys/depths/lengths
+
+stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 at 6x and 1M (its 3x and SmolLM2's are in
+    # heldout-results/); run.py skips the trials already in ~/lc/out, so after heldout3 this adds only these
+    local G; G=$(choose gemma-3-270m $GEMMA_DEV)
+    $RUN passkey --set devtext-heldout --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set devtext-heldout --model gemma-3-270m --methods $G --lengths 1044000 "${COMMON[@]}" \
+        > ~/lc/out/devtext-heldout-1m.log 2>&1 &
+    local one_m=$!
+    $RUN passkey --set devtext-heldout --model gemma-3-270m --methods $G,dca,yarn --lengths 188000 --jobs 3 "${COMMON[@]}"
+    wait $one_m
+}
 
 # gemma's held-out perplexity: two windows of 98304 tokens need ~791k characters of the prose (600k gave 149k tokens:
 # llama-perplexity refused, 2026-12-06)
@@ -134,19 +158,24 @@ stage_ppl() {
 
 stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }
 
-pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there
-    local t0=$SECONDS st
-    until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f ~/model/smollm2-135m-instruct-q4_1.gguf ]; do
+pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there (only gemma-3
+    # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devtextrest, devdefault; saves three carries)
+    local t0=$SECONDS st smol=~/model/smollm2-135m-instruct-q4_1.gguf
+    [ "${GEMMA_ONLY:-0}" = 1 ] && smol=~/model/gemma3-270m-q4_k_m.gguf
+    until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f $smol ]; do
         sleep 5; [ $((SECONDS - t0)) -gt 1500 ] && { echo "gave up waiting for build/models"; return 1; }
     done
     [ "$(cat ~/llb/build.rc)" = 0 ] || { echo "build failed"; tail -30 ~/llb/build.log; return 1; }
     mkdir -p ~/lc/out
+    # the committed held-out trials, so that run.py skips what is measured (a trial is its set, model, length, method
+    # and index; its key and depth come from the set's seed) and a cell cut short goes on where it stopped
+    [ -f ~/lc/out/passkey.jsonl ] || cp "$REPO/bench/longctx/heldout-results/passkey.jsonl" ~/lc/out/passkey.jsonl
     for st in ${STAGES:-dev heldout ppl speed}; do echo "== $st $(date +%T)"; "stage_$st"; done
     echo "== done $(date +%T)"
 }
 
 step_run_bg() {
-    setsid nohup bash -c "cd $REPO && STAGES='${STAGES:-dev heldout ppl speed}' && source bench/longctx/gpu.sh && pipeline > ~/lc/pipeline.log 2>&1; touch ~/lc/pipeline.done" \
+    setsid nohup bash -c "cd $REPO && STAGES='${STAGES:-dev heldout ppl speed}' && GEMMA_ONLY='${GEMMA_ONLY:-0}' && source bench/longctx/gpu.sh && pipeline > ~/lc/pipeline.log 2>&1; touch ~/lc/pipeline.done" \
         >/dev/null 2>&1 </dev/null &
     echo "pipeline started"
 }
@@ -155,7 +184,7 @@ collect() {
     cp ~/lc/out/*.jsonl ~/lc/out/choice.txt ~/lc/out/speed.txt "$OUT"/ 2>/dev/null
     cp ~/lc/pipeline.log "$OUT"/ 2>/dev/null
     [ -f ~/lc/out/passkey.jsonl ] && python3 bench/longctx/run.py report ~/lc/out --md "$OUT/report.md" >/dev/null
-    (cd ~/lc/out && tar czf "$OUT/logs.tar.gz" logs heldout-1m.log heldout2-1m.log speed-*.log 2>/dev/null)
+    (cd ~/lc/out && tar czf "$OUT/logs.tar.gz" logs *-1m.log speed-*.log 2>/dev/null)
 }
 
 step_wait() {

@@ -11,6 +11,9 @@ llama.cpp build (llama-server, llama-perplexity) and the models; no clean room n
     python bench/longctx/run.py choose --set dev --model M --methods A,B,C DIR
         the dev set's choice among the methods (written down before any run): the most exact answers over the dev
         cells; among those within 2 of the best (10% of 20 trials), the lowest mean dev perplexity; then the larger S
+    python bench/longctx/run.py merge FROM.jsonl INTO.jsonl
+        appends to INTO the trials of FROM it lacks (a device run's passkey.jsonl starts from the committed held-out
+        trials); a trial in both must have the same answer (greedy, same prompt), else nothing is written (exit 1)
     python bench/longctx/run.py report DIR [DIR ...] [--md FILE]
         the tables: per set, model and length, each method's k/n with its Wilson 95% interval; perplexities
 
@@ -66,6 +69,28 @@ def records(dirs: list[Path], name: str) -> list[dict[str, Any]]:
 
 def done_keys(path: Path) -> set[tuple[str, ...]]:
     return {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])) for r in records([path.parent], path.name)}
+
+
+def merge(src: Path, dst: Path) -> tuple[int, int]:
+    """Appends to ``dst`` the trials of ``src`` that ``dst`` lacks; returns (added, already there). A trial in both
+    with a different answer stops it before anything is written: the run was not the same."""
+    have = {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])): r
+            for r in records([dst.parent], dst.name)}
+    new: list[str] = []
+    dup = 0
+    for line in src.read_text().splitlines():
+        r = json.loads(line)
+        k = (r["set"], r["model"], str(r["length"]), r["method"], str(r["index"]))
+        if k in have:
+            if have[k]["answer"] != r["answer"]:
+                raise SystemExit(f"{src}: trial {k} answers {r['answer']!r} where {dst} has {have[k]['answer']!r}")
+            dup += 1
+            continue
+        have[k] = r
+        new.append(line + "\n")
+    with dst.open("a", encoding="utf-8") as fh:
+        fh.writelines(new)
+    return len(new), dup
 
 
 def corpus_for(srv: LlamaServer, set_name: str, model: str, texts: Path, cache: Path) -> longctx.TokenizedCorpus:
@@ -281,6 +306,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True, choices=sorted(SETS["models"]))
     p.add_argument("--methods", required=True)
     p.add_argument("dirs", nargs="+")
+    p = sub.add_parser("merge")
+    p.add_argument("src")
+    p.add_argument("dst")
     p = sub.add_parser("report")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--md", default="")
@@ -297,6 +325,10 @@ def main() -> int:
         pick, why = choose(a.set, a.model, a.methods.split(","), [Path(d) for d in a.dirs])
         print(f"# {why}", file=sys.stderr)
         print(pick)
+        return 0
+    if a.cmd == "merge":
+        added, dup = merge(Path(a.src), Path(a.dst))
+        print(f"{a.dst}: {added} trials added, {dup} already there")
         return 0
     txt = report([Path(d) for d in a.dirs])
     if a.md:

@@ -128,7 +128,7 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 
 
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
-                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout")),
+                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3")),
                                                ("cpu-results", ("heldout3",))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
@@ -216,3 +216,30 @@ def test_a_set_whose_ceiling_fails_runs_no_extension_cell(tmp_path, capsys):
     (tmp_path / "passkey.jsonl").write_text("\n".join(lines) + "\n")
     recs = run.records([tmp_path], "passkey.jsonl")
     assert run.ceiling_verdict("heldout2", "smollm2-135m", run.ceiling(recs, "heldout2", "smollm2-135m")) is None
+
+
+def test_merge_adds_only_missing_trials_and_refuses_a_different_answer(tmp_path):
+    """run.py merge: a device run's passkey.jsonl starts from the committed trials; merging it back adds only the
+    new ones, and a trial that answers differently from its committed twin stops the merge with nothing written."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    def rec(i, answer):
+        return json.dumps({"set": "heldout3", "model": "smollm2-135m", "length": "32000", "method": "dca",
+                           "index": i, "key": "12345", "answer": answer, "ok": "12345" in answer})
+
+    dst = tmp_path / "into" / "passkey.jsonl"
+    dst.parent.mkdir()
+    dst.write_text(rec(0, " 12345.") + "\n")
+    src = tmp_path / "passkey.jsonl"
+    src.write_text("\n".join([rec(0, " 12345."), rec(1, " 999."), rec(2, " 12345.")]) + "\n")
+    assert run.merge(src, dst) == (2, 1)
+    assert [json.loads(x)["index"] for x in dst.read_text().splitlines()] == [0, 1, 2]
+    assert run.merge(src, dst) == (0, 3)
+    before = dst.read_bytes()
+    src.write_text(rec(1, " 12345.") + "\n" + rec(3, " 12345.") + "\n")
+    with pytest.raises(SystemExit, match="answers"):
+        run.merge(src, dst)
+    assert dst.read_bytes() == before
