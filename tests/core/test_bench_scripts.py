@@ -492,3 +492,36 @@ def test_realtree_compiles_for_the_architectures_nvcc_knows() -> None:
     flags, unknown = realtree.gencodes(shutil.which("nvcc") or "nvcc", "86, 90,999")
     assert flags == ["-gencode", "arch=compute_86,code=sm_86", "-gencode", "arch=compute_90,code=sm_90"]
     assert unknown == ["999"]
+
+
+LONGCTX_SH = ROOT / "bench" / "longctx" / "gpu.sh"
+
+
+def test_longctx_pipeline_starts_from_the_committed_trials(tmp_path: Path) -> None:
+    """bench/longctx/gpu.sh's pipeline, with the real bash and a stand-in stage: with GEMMA_ONLY=1 it starts once the
+    build and gemma-3 are there (SmolLM2 not carried), begins from the committed held-out trials (so run.py skips
+    what is measured) and never overwrites a passkey.jsonl a run already has; a failed build stops it."""
+    assert subprocess.run(["bash", "-n", str(LONGCTX_SH)], check=False).returncode == 0
+    home = tmp_path / "home"
+    (home / "llb").mkdir(parents=True)
+    (home / "model").mkdir()
+    (home / "llb" / "build.rc").write_text("0\n")
+    (home / "model" / "gemma3-270m-q4_k_m.gguf").write_bytes(b"")
+    script = f'source "{LONGCTX_SH}"; stage_probe() {{ wc -l < ~/lc/out/passkey.jsonl; }}; pipeline'
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "GEMMA_ONLY": "1", "STAGES": "probe", "OUT": str(tmp_path / "out")}
+
+    def pipeline() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, check=False, capture_output=True, text=True,
+                              timeout=60)
+
+    r = pipeline()
+    committed = (ROOT / "bench" / "longctx" / "heldout-results" / "passkey.jsonl").read_bytes()
+    assert r.returncode == 0 and "== done" in r.stdout, r.stdout + r.stderr
+    assert (home / "lc" / "out" / "passkey.jsonl").read_bytes() == committed
+    assert str(committed.count(b"\n")) in r.stdout
+    (home / "lc" / "out" / "passkey.jsonl").write_text("{}\n")
+    r = pipeline()
+    assert (home / "lc" / "out" / "passkey.jsonl").read_text() == "{}\n"
+    (home / "llb" / "build.rc").write_text("2\n")
+    r = pipeline()
+    assert "build failed" in r.stdout and "== probe" not in r.stdout
