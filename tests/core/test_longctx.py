@@ -243,3 +243,31 @@ def test_merge_adds_only_missing_trials_and_refuses_a_different_answer(tmp_path)
     with pytest.raises(SystemExit, match="answers"):
         run.merge(src, dst)
     assert dst.read_bytes() == before
+
+
+def _boost_wheel() -> Path | None:
+    for d in ("/opt/pypi/files", "/opt/pypi-more/files"):
+        hits = sorted(Path(d).glob("cmeel_boost-1.90.0-*.whl")) if Path(d).is_dir() else []
+        if hits:
+            return hits[0]
+    return None
+
+
+def test_heldout4_is_boost_cpp_pinned_and_refuses_another_wheel(tmp_path):
+    """heldout4 (corpus.py --boost-wheel): Boost 1.90's headers, C++ that is not llama.cpp's, needle-free, the text
+    sets.yaml pins; a file that is not that wheel gets an error that names it."""
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import corpus
+
+    h4 = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]["heldout4"]
+    assert h4["text"]["file"] == "heldout4.txt" and h4["ceiling_min"] >= 0.8 * h4["trials"]
+    bad = tmp_path / "x.whl"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="x.whl: not a readable wheel"):
+        corpus.boost_text(bad)
+    wheel = _boost_wheel()
+    if wheel is None:
+        pytest.skip("cmeel-boost 1.90.0's wheel is not in this machine's package mirror")
+    text = corpus.boost_text(wheel)
+    assert "#include <boost/" in text and "llama" not in text.lower() and not longctx.NEEDLE_WORDS.search(text)
+    assert longctx.sha256_text(text) == h4["text"]["sha256"]
