@@ -12,7 +12,10 @@
 #              STAGES="heldout3 devtextrest devdefault" ran 2026-12-06 (heldout3 whole; devtextrest 14 trials at 6x, 1 at
 #              1M: the machine was handed back between two calls and the second one started bare), so the next
 #              session runs GEMMA_ONLY=1 STAGES="devlong devtextrest" (gemma-3's 5x dev cell, then its 6x and 1M held-out cells
-#              with the choice that cell makes; the committed trials are skipped), then heldout4g (gemma-3 on Boost's C++)
+#              with the choice that cell makes; the committed trials are skipped), then heldout4g (gemma-3 on Boost's C++);
+#              all three ran 2026-12-06 (fourth round), so the next session runs GEMMA_ONLY=1
+#              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4g" (the temperature by position on
+#              gemma-3's dev cells; the dev rule then chooses among all seven, and heldout4g runs a new choice's cells)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -32,6 +35,7 @@ BIN=~/llb/build/bin
 GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:auto}
+GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
 RUN="python3 $REPO/bench/longctx/run.py"
 COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
@@ -88,6 +92,12 @@ stage_devlong() { # gemma-3's dev cell at 5x (163,840; sets.yaml), which no run 
     # the dev set's ceiling first (sets.yaml ceiling_min; its 2026-12-05 run measured none, so run.py refuses otherwise)
     $RUN passkey --set dev --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_DEV --lengths 163840 --jobs 3 "${COMMON[@]}"
+}
+
+stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-3's two dev cells and its dev perplexity: the
+    # 5x dev cell found 13/20 for 4096 / 512 with the former temperature (auto) against 7/20 without (fourth round)
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_POS --lengths 81920,163840 --jobs 2 "${COMMON[@]}"
+    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_POS --chars 600000 --jobs 2 "${COMMON[@]}"
 }
 
 stage_devdefault() { # the automatic sizes (L/2, L/8 = 16384/4096) on gemma's dev set, never measured there: with them the

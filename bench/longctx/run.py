@@ -11,9 +11,10 @@ llama.cpp build (llama-server, llama-perplexity) and the models; no clean room n
     python bench/longctx/run.py choose --set dev --model M --methods A,B,C DIR
         the dev set's choice among the methods (written down before any run): the most exact answers over the dev
         cells; among those within 2 of the best (10% of 20 trials), the lowest mean dev perplexity; then the larger S
-    python bench/longctx/run.py merge FROM.jsonl INTO.jsonl
+    python bench/longctx/run.py merge FROM.jsonl INTO.jsonl [--sets dev,...]
         appends to INTO the trials of FROM it lacks (a device run's passkey.jsonl starts from the committed held-out
-        trials); a trial in both must have the same answer (greedy, same prompt), else nothing is written (exit 1)
+        trials), only those of the given sets with --sets (dev trials go to dev-results/, the others to
+        heldout-results/); a trial in both must have the same answer (greedy, same prompt), else nothing is written
     python bench/longctx/run.py report DIR [DIR ...] [--md FILE]
         the tables: per set, model and length, each method's k/n with its Wilson 95% interval; perplexities
 
@@ -71,15 +72,18 @@ def done_keys(path: Path) -> set[tuple[str, ...]]:
     return {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])) for r in records([path.parent], path.name)}
 
 
-def merge(src: Path, dst: Path) -> tuple[int, int]:
-    """Appends to ``dst`` the trials of ``src`` that ``dst`` lacks; returns (added, already there). A trial in both
-    with a different answer stops it before anything is written: the run was not the same."""
+def merge(src: Path, dst: Path, sets: set[str] | None = None) -> tuple[int, int]:
+    """Appends to ``dst`` the trials of ``src`` that ``dst`` lacks (only those of ``sets`` when given: a device run holds
+    dev and held-out trials, which live apart); returns (added, already there). A trial in both with a different answer
+    stops it before anything is written: the run was not the same."""
     have = {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])): r
             for r in records([dst.parent], dst.name)}
     new: list[str] = []
     dup = 0
     for line in src.read_text().splitlines():
         r = json.loads(line)
+        if sets is not None and r["set"] not in sets:
+            continue
         k = (r["set"], r["model"], str(r["length"]), r["method"], str(r["index"]))
         if k in have:
             if have[k]["answer"] != r["answer"]:
@@ -309,6 +313,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("merge")
     p.add_argument("src")
     p.add_argument("dst")
+    p.add_argument("--sets", default="", help="only the trials of these sets (comma-separated)")
     p = sub.add_parser("report")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--md", default="")
@@ -327,7 +332,10 @@ def main() -> int:
         print(pick)
         return 0
     if a.cmd == "merge":
-        added, dup = merge(Path(a.src), Path(a.dst))
+        unknown = sorted(set(a.sets.split(",")) - set(SETS["sets"])) if a.sets else []
+        if unknown:
+            raise SystemExit(f"merge --sets: no set {', '.join(unknown)} in sets.yaml (there: {', '.join(sorted(SETS['sets']))})")
+        added, dup = merge(Path(a.src), Path(a.dst), set(a.sets.split(",")) if a.sets else None)
         print(f"{a.dst}: {added} trials added, {dup} already there")
         return 0
     txt = report([Path(d) for d in a.dirs])

@@ -228,7 +228,7 @@ def load_text(path: Path, sha256: str | None = None) -> str:
 class Method:
     """A method as the bench and calibrate name it: ``plain``; ``yarn`` (factor = context / trained); ``dca`` (``--dca
     on`` and nothing else: the build's or the GGUF's own sizes); ``dca:S:W`` (chunk S, local window W, temperature
-    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``, e.g. ``auto``)."""
+    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``: ``auto``, ``pos`` or a number >= 0)."""
 
     name: str
     kind: str          # plain | yarn | dca
@@ -237,12 +237,23 @@ class Method:
     factor: str = "0"
 
 
+def _factor_ok(f: str) -> bool:
+    """--dca-yarn-factor's values: auto, pos, or a number >= 0 (0: off)."""
+    if f in ("auto", "pos"):
+        return True
+    try:
+        return math.isfinite(float(f)) and float(f) >= 0 and f.strip() == f
+    except ValueError:
+        return False
+
+
 def parse_method(method: str) -> Method:
     if method in ("plain", "yarn", "dca"):
         return Method(method, method)
     parts = method.split(":")
-    if parts[0] != "dca" or len(parts) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in parts[1:3]):
-        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F)")
+    if parts[0] != "dca" or len(parts) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in parts[1:3]) \
+            or (len(parts) == 4 and not _factor_ok(parts[3])):
+        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F with F auto, pos or a number >= 0)")
     return Method(method, "dca", int(parts[1]), int(parts[2]), parts[3] if len(parts) == 4 else "0")
 
 

@@ -283,7 +283,9 @@ def test_method_flags() -> None:
     assert longctx.method_args("dca:128:16", 1024, 256, "qwen2") == [
         "--dca", "on", "--dca-chunk-size", "128", "--dca-local-size", "16", "--dca-yarn-factor", "0"]
     assert longctx.method_args("dca:128:16:auto", 1024, 256)[-1] == "auto"
-    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0"):
+    assert longctx.method_args("dca:128:16:pos", 1024, 256)[-2:] == ["--dca-yarn-factor", "pos"]
+    assert longctx.method_args("dca:128:16:2.5", 1024, 256)[-1] == "2.5"
+    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:nan", "dca:128:16: 2"):
         with pytest.raises(ValueError, match="unknown method"):
             longctx.method_args(bad, 1024, 256)
 

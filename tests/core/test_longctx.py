@@ -128,8 +128,8 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 
 
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
-                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3")),
-                                               ("cpu-results", ("heldout3",))])
+                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4")),
+                                               ("cpu-results", ("heldout3", "heldout4"))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
@@ -243,6 +243,12 @@ def test_merge_adds_only_missing_trials_and_refuses_a_different_answer(tmp_path)
     with pytest.raises(SystemExit, match="answers"):
         run.merge(src, dst)
     assert dst.read_bytes() == before
+    # --sets: a device run's dev trials go to dev-results/, the others stay out of it
+    other = tmp_path / "dev" / "passkey.jsonl"
+    other.parent.mkdir()
+    src.write_text(rec(5, " 12345.") + "\n" + rec(6, " 1.").replace('"heldout3"', '"dev"') + "\n")
+    assert run.merge(src, other, {"dev"}) == (1, 0)
+    assert [json.loads(x)["set"] for x in other.read_text().splitlines()] == ["dev"]
 
 
 def _boost_wheel() -> Path | None:

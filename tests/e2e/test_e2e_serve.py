@@ -120,9 +120,12 @@ def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, n_ct
 
 
 # flash attention on (the LSE op) with the default f16 cache, per-slot and unified KV; flash attention off
-# with an f32 cache, where nothing rounds to f16 (measured: 2.5e-6)
+# with an f32 cache, where nothing rounds to f16 (measured: 2.5e-6); the opt-in temperature by position (pos), whose
+# scale comes from each query's position alone, so that its answers too do not move with the slot count
 PARALLEL = [("per-slot-kv", False, "f16", ()), ("unified-kv", True, "f16", ()),
-            ("per-slot-kv-nofa-f32", False, "f32", ("-fa", "off", "-ctk", "f32", "-ctv", "f32"))]
+            ("per-slot-kv-nofa-f32", False, "f32", ("-fa", "off", "-ctk", "f32", "-ctv", "f32")),
+            ("per-slot-kv-pos", False, "f16", ("--dca-yarn-factor", "pos"))]
+ONE_BY_ONE = ("per-slot-kv", "per-slot-kv-pos")   # also one by one, and against -np 1's context
 
 
 @pytest.mark.parametrize(("name", "unified", "cache", "extra"), PARALLEL, ids=[p[0] for p in PARALLEL])
@@ -152,7 +155,7 @@ def test_parallel_slots_equal_alone(serve_tree, logits_exe, tmp_path, name, unif
         first_done = log.index("stop processing")
         in_flight = log[:first_done].count("| processing task")
         assert in_flight >= 3, f"only {in_flight} requests in flight together"
-        one_by_one = [complete(srv, p) for p in prompts] if name == "per-slot-kv" else []
+        one_by_one = [complete(srv, p) for p in prompts] if name in ONE_BY_ONE else []
         assert srv.wait_output("DCA on: chunk size S = 128, local window w = 32"), srv.output()[-3000:]
     errs = []
     n_ctx_seq = N_CTX if unified else N_CTX // 4   # a unified cache gives every slot the whole context

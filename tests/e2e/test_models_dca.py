@@ -408,13 +408,15 @@ def reference_logits(models_dir):
     from tests.models import reference
     cache = {}
 
-    def get(arch: str, dca: bool, sw: tuple[int, int] = (S, W), factor: float | None = None) -> np.ndarray:
-        # the default temperature is off (factor None); --dca-yarn-factor auto at -c N_REF takes F = e (auto_factor)
+    def get(arch: str, dca: bool, sw: tuple[int, int] = (S, W), factor: float | None = None, pos_len: int = 0) -> np.ndarray:
+        # the default temperature is off (factor None); --dca-yarn-factor auto at -c N_REF takes F = e (auto_factor);
+        # pos_len: --dca-yarn-factor pos with the trained context L
         f = 0.0 if factor is None else factor
-        key = (arch, dca, sw if dca else None, f)
+        key = (arch, dca, sw if dca else None, f, pos_len)
         if key not in cache:
             toks = reference.tokens_for(SEED, N_REF)
-            cache[key] = reference.forward(model(models_dir, arch), arch, toks, sw if dca else None, dca_factor=f)
+            cache[key] = reference.forward(model(models_dir, arch), arch, toks, sw if dca else None, dca_factor=f,
+                                           dca_pos_len=pos_len)
         return cache[key]
     return get
 
@@ -495,6 +497,32 @@ def test_b_default_has_no_temperature(runner, dca_exe, models_dir, reference_log
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "n_ctx_seq = 512, attention temperature off" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits, tmp_path, arch):
+    """--dca-yarn-factor pos (opt-in): a query at p scaled by 0.1 log2((p + 1) / L) + 1 once it sees more than L tokens.
+    Against the numpy reference with that per-query scale; bit for bit --dca-yarn-factor 0 at every position within L
+    (a query there is scaled by exactly 1, and no later query reaches it); the same bits in a context four times as large
+    (n_ctx_seq, which auto reads and pos does not); and past L not the temperature-off logits."""
+    from tests.models import reference
+    m = model(models_dir, arch)
+    L = tiny.N_CTX_TRAIN
+    pos_flag = ("--dca-yarn-factor", "pos")
+    _, pos = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=pos_flag)
+    _, off = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "0"))
+    _, wide = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=pos_flag, n_ctx=4 * N_REF)
+    assert np.array_equal(pos[0][:L], off[0][:L]), "a query within the trained context moved"
+    assert np.array_equal(pos, wide), "the answer moved with the context size"
+    ref = reference_logits(arch, True, pos_len=L)
+    assert rel_err(pos[0], ref).max() < 1e-3
+    assert reference.pos_temp(np.arange(N_REF), L)[L:].min() > 1.0
+    assert rel_err(pos[0][L:], off[0][L:]).min() > 0.0, "the temperature does not move the logits past L"
+    r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "log.f32"), "--seed", str(SEED), "--n-tokens", "16",
+                        "-c", str(N_REF), "-t", str(THREADS), "-v", *DCA_ON, *pos_flag], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"attention temperature by position (pos: a query at p >= {L}" in r.stderr, r.stderr[-3000:]
 
 
 def _run_state(exe: str, model_path: str, out: Path, *args: str) -> subprocess.CompletedProcess:

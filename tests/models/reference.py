@@ -45,6 +45,12 @@ def auto_factor(n_ctx: int, n_seq: int = 1, unified: bool = False, n_ctx_train: 
     return (n_ctx_seq / n_ctx_train) ** (1.0 / math.log(2.0)) if n_ctx_seq > n_ctx_train else 0.0
 
 
+def pos_temp(pos: np.ndarray, n_ctx_train: int) -> np.ndarray:
+    """--dca-yarn-factor pos: each query's scale, 0.1 log2((p + 1) / L) + 1 where p + 1 > L, else 1."""
+    seen = (np.asarray(pos) + 1).astype(np.float64)
+    return np.where(seen > n_ctx_train, 0.1 * np.log2(np.maximum(seen, 1.0) / n_ctx_train) + 1.0, 1.0)
+
+
 def load_tensors(path: str) -> dict[str, np.ndarray]:
     r = gguf.GGUFReader(path)
     out = {}
@@ -139,13 +145,14 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
             cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0,
-            embd: tuple[int, np.ndarray, bool] | None = None, dca_factor: float = 0.0) -> np.ndarray:
+            embd: tuple[int, np.ndarray, bool] | None = None, dca_factor: float = 0.0, dca_pos_len: int = 0) -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
     such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling;
     embd = (P, vectors [M, n_embd], non_causal): positions [P, P + M) take the vectors instead of
     their tokens (see the module's docstring); dca_factor: F of the attention temperature on the DCA layers
-    (0: off, as --dca-yarn-factor 0 or a scaled rope; auto_factor(n_ctx) for llama.cpp's default)."""
+    (0: off, as --dca-yarn-factor 0 or a scaled rope; auto_factor(n_ctx) for llama.cpp's default); dca_pos_len: L of
+    --dca-yarn-factor pos (0: off): on the DCA layers a query at p with p + 1 > L scaled by 0.1 log2((p + 1) / L) + 1."""
     spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -234,6 +241,9 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             kq_scale = 1.0 / np.sqrt(hd)
         if is_dca and dca_factor > 1.0:   # in the attention's scale, as llama.cpp's kq_scale (after Q's rounding)
             kq_scale *= 0.1 * np.log(dca_factor) + 1.0
+        if is_dca and dca_pos_len > 0:    # per query row, as llama.cpp's scale of Q's rows (before Q's rounding)
+            m = pos_temp(pos, dca_pos_len)
+            qs = [qq * m[:, None, None] for qq in qs]
         if cache_types is not None:
             qs = [_roundtrip(qq, _q_vec_dot_type(cache_types[0])) for qq in qs]
 
