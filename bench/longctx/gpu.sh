@@ -15,7 +15,8 @@
 #              with the choice that cell makes; the committed trials are skipped), then heldout4g (gemma-3 on Boost's C++);
 #              all three ran 2026-12-06 (fourth round), so the next session runs GEMMA_ONLY=1
 #              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4g" (the temperature by position on
-#              gemma-3's dev cells; the dev rule then chooses among all seven, and heldout4g runs a new choice's cells)
+#              gemma-3's dev cells; the dev rule then chooses among all seven, and heldout4g runs a new choice's cells);
+#              with the SmolLM2 pieces carried too, STAGES="devpos heldout4" adds SmolLM2's heldout4 cells (4x, 8x)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -152,6 +153,8 @@ stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 a
     $RUN passkey --set devtext-heldout --model gemma-3-270m --methods $G,dca,yarn --lengths 188000 --jobs 3 "${COMMON[@]}"
     wait $one_m
 }
+
+stage_heldout4() { heldout_passkey heldout4 98500 192500 1042000 32800 65200; } # both models (SmolLM2's CPU ceiling: 20/20)
 
 stage_heldout4g() { # heldout4 (Boost's C++ headers, sets.yaml) for gemma-3 alone: its ceiling first (run.py runs no
     # other cell of a set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and
