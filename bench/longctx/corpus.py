@@ -76,16 +76,10 @@ def boost_text(wheel: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
         names = sorted(n for n in zf.namelist() if n.startswith("cmeel.prefix/include/boost/") and n.endswith(".hpp"))
         if not names:
             raise SystemExit(f"{wheel}: no cmeel.prefix/include/boost/*.hpp in it; give cmeel-boost 1.90.0's wheel")
-        out: list[str] = []
-        size = 0
-        for name in names:
-            text = zf.read(name).decode("utf-8", errors="replace")
-            for para in longctx.needle_free(text).split("\n\n"):
-                if size + len(para) + 2 > limit:
-                    return "\n\n".join(out)
-                out.append(para)
-                size += len(para) + 2
-    return "\n\n".join(out)
+        # needle_free per file, and no file read past the limit
+        return longctx.capped_paragraphs((para for name in names
+                                          for para in longctx.needle_free(zf.read(name).decode("utf-8", errors="replace")).split("\n\n")),
+                                         limit)
 
 
 def main() -> int:

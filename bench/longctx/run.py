@@ -332,10 +332,11 @@ def main() -> int:
         print(pick)
         return 0
     if a.cmd == "merge":
-        unknown = sorted(set(a.sets.split(",")) - set(SETS["sets"])) if a.sets else []
+        sets = set(a.sets.split(",")) if a.sets else None
+        unknown = sorted((sets or set()) - set(SETS["sets"]))
         if unknown:
             raise SystemExit(f"merge --sets: no set {', '.join(unknown)} in sets.yaml (there: {', '.join(sorted(SETS['sets']))})")
-        added, dup = merge(Path(a.src), Path(a.dst), set(a.sets.split(",")) if a.sets else None)
+        added, dup = merge(Path(a.src), Path(a.dst), sets)
         print(f"{a.dst}: {added} trials added, {dup} already there")
         return 0
     txt = report([Path(d) for d in a.dirs])

@@ -30,7 +30,7 @@ import math
 import random
 import re
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -366,9 +366,15 @@ def code_heldout_text(limit: int = CODE_TEXT_CHARS) -> str:
             parts.append(f.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, OSError):
             continue
+    return capped_paragraphs(needle_free("\n\n".join(parts)).split("\n\n"), limit)
+
+
+def capped_paragraphs(paras: Iterable[str], limit: int) -> str:
+    """The paragraphs joined by blank lines, up to the first that would take the text past ``limit`` characters (whole
+    paragraphs only; reads ``paras`` no further than that)."""
     out: list[str] = []
     size = 0
-    for para in needle_free("\n\n".join(parts)).split("\n\n"):
+    for para in paras:
         if size + len(para) + 2 > limit:
             break
         out.append(para)
