@@ -37,6 +37,8 @@ GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:auto}
 GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
+GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
+SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
 RUN="python3 $REPO/bench/longctx/run.py"
 COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
@@ -99,6 +101,22 @@ stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-
     # 5x dev cell found 13/20 for 4096 / 512 with the former temperature (auto) against 7/20 without (fourth round)
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_POS --lengths 81920,163840 --jobs 2 "${COMMON[@]}"
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_POS --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
+stage_se() { # Self-Extend (--dca-self-extend, the issue's baseline row): its window W chosen on the dev cells by the same rule
+    # as DCA's sizes (G: the smallest that keeps every distance within L at the cell's context, longctx.se_group), then
+    # heldout4's cells with that choice, beside the DCA, YaRN and plain rows there (each model's ceilings first)
+    $RUN passkey --set dev --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_SE --lengths 81920,163840 --jobs 3 "${COMMON[@]}" &
+    $RUN passkey --set dev --model smollm2-135m --methods $SMOL_SE --jobs 2 "${COMMON[@]}" &
+    wait
+    local G S
+    G=$(choose gemma-3-270m $GEMMA_SE); S=$(choose smollm2-135m $SMOL_SE)
+    echo "self-extend: gemma-3-270m $G, smollm2-135m $S" >> ~/lc/out/choice.txt
+    $RUN passkey --set heldout4 --model gemma-3-270m --methods $G --lengths 98500,192500 --jobs 3 "${COMMON[@]}" &
+    $RUN passkey --set heldout4 --model smollm2-135m --methods $S --lengths 32800,65200 --jobs 2 "${COMMON[@]}" &
+    wait
 }
 
 stage_devdefault() { # the automatic sizes (L/2, L/8 = 16384/4096) on gemma's dev set, never measured there: with them the
@@ -194,7 +212,9 @@ pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and
     mkdir -p ~/lc/out
     # the committed held-out trials, so that run.py skips what is measured (a trial is its set, model, length, method
     # and index; its key and depth come from the set's seed) and a cell cut short goes on where it stopped
-    [ -f ~/lc/out/passkey.jsonl ] || cp "$REPO/bench/longctx/heldout-results/passkey.jsonl" ~/lc/out/passkey.jsonl
+    # (dev's too: run.py reads a set's ceiling from there)
+    [ -f ~/lc/out/passkey.jsonl ] || cat "$REPO/bench/longctx/heldout-results/passkey.jsonl" \
+        "$REPO/bench/longctx/dev-results/passkey.jsonl" > ~/lc/out/passkey.jsonl
     for st in ${STAGES:-dev heldout ppl speed}; do echo "== $st $(date +%T)"; "stage_$st"; done
     echo "== done $(date +%T)"
 }

@@ -228,11 +228,13 @@ def load_text(path: Path, sha256: str | None = None) -> str:
 class Method:
     """A method as the bench and calibrate name it: ``plain``; ``yarn`` (factor = context / trained); ``dca`` (``--dca
     on`` and nothing else: the build's or the GGUF's own sizes); ``dca:S:W`` (chunk S, local window W, temperature
-    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``: ``auto``, ``pos`` or a number >= 0)."""
+    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``: ``auto``, ``pos`` or a number >= 0); ``se:G:W`` (Self-Extend, the
+    baseline: group size G, neighbour window W) and ``se:W`` (G the smallest that keeps every distance within the
+    trained context, :func:`se_group`)."""
 
     name: str
-    kind: str          # plain | yarn | dca
-    chunk: int = 0     # 0: the build's choice (``dca``)
+    kind: str          # plain | yarn | dca | se
+    chunk: int = 0     # 0: the build's choice (``dca``); se: the group size G (0: se_group)
     local: int = 0
     factor: str = "0"
 
@@ -251,15 +253,27 @@ def parse_method(method: str) -> Method:
     if method in ("plain", "yarn", "dca"):
         return Method(method, method)
     parts = method.split(":")
+    if parts[0] == "se" and len(parts) in (2, 3) and all(x.isdigit() and int(x) > 0 for x in parts[1:]) \
+            and (len(parts) == 2 or int(parts[1]) >= 2):
+        return Method(method, "se", int(parts[1]) if len(parts) == 3 else 0, int(parts[-1]))
     if parts[0] != "dca" or len(parts) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in parts[1:3]) \
             or (len(parts) == 4 and not _factor_ok(parts[3])):
-        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F with F auto, pos or a number >= 0)")
+        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F with F auto, pos or a number >= 0, "
+                         "se:W, se:G:W with G >= 2)")
     return Method(method, "dca", int(parts[1]), int(parts[2]), parts[3] if len(parts) == 4 else "0")
 
 
 def dca_method(chunk: int, local: int) -> str:
     """The name of DCA at chunk ``chunk`` and local window ``local``, temperature off."""
     return f"dca:{chunk}:{local}"
+
+
+def se_group(ctx: int, trained: int, window: int) -> int:
+    """Self-Extend's group size for a context of ``ctx`` tokens: the smallest G >= 2 with which a query's farthest key,
+    at (ctx - 1 - W)/G + W, stays within the trained context (the rule of the Self-Extend paper)."""
+    if window >= trained - 1:
+        raise ValueError(f"se: the neighbour window {window} must be below the trained context {trained} - 1")
+    return max(2, -(-(ctx - 1 - window) // (trained - 1 - window)))
 
 
 def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str]:
@@ -274,6 +288,9 @@ def method_args(method: str, ctx: int, trained: int, arch: str = "") -> list[str
     if m.kind == "yarn":
         f = max(1.0, ctx / trained)
         return ["--rope-scaling", "yarn", "--rope-scale", f"{f:.4g}", "--yarn-orig-ctx", str(trained), *over]
+    if m.kind == "se":
+        g = m.chunk or se_group(ctx, trained, m.local)
+        return ["--dca", "on", "--dca-self-extend", str(g), "--dca-local-size", str(m.local)]
     if not m.chunk:
         return ["--dca", "on"]
     return ["--dca", "on", "--dca-chunk-size", str(m.chunk), "--dca-local-size", str(m.local), "--dca-yarn-factor", m.factor]

@@ -285,9 +285,24 @@ def test_method_flags() -> None:
     assert longctx.method_args("dca:128:16:auto", 1024, 256)[-1] == "auto"
     assert longctx.method_args("dca:128:16:pos", 1024, 256)[-2:] == ["--dca-yarn-factor", "pos"]
     assert longctx.method_args("dca:128:16:2.5", 1024, 256)[-1] == "2.5"
-    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:nan", "dca:128:16: 2"):
+    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:nan", "dca:128:16: 2",
+                "se", "se:0", "se:1:64", "se:4:0", "se:4:64:2", "se:-4:64", "se:x"):
         with pytest.raises(ValueError, match="unknown method"):
             longctx.method_args(bad, 1024, 256)
+
+
+def test_self_extend_flags() -> None:
+    """se:G:W gives Self-Extend's flags as written; se:W the smallest group size whose farthest distance,
+    (ctx - 1 - W)/G + W, stays within the trained context (and at least 2)."""
+    assert longctx.method_args("se:4:64", 1024, 256) == ["--dca", "on", "--dca-self-extend", "4", "--dca-local-size", "64"]
+    for ctx, trained, w in ((1024, 256, 64), (65792, 8192, 1024), (196864, 32768, 4096), (1042432, 32768, 4096), (300, 256, 32)):
+        g = longctx.se_group(ctx, trained, w)
+        assert g >= 2 and (ctx - 1 - w) // g + w < trained
+        assert g == 2 or (ctx - 1 - w) // (g - 1) + w >= trained - 1, (ctx, trained, w, g)
+        assert longctx.method_args(f"se:{w}", ctx, trained)[3] == str(g)
+    assert longctx.se_group(65792, 8192, 1024) == 10
+    with pytest.raises(ValueError, match="neighbour window"):
+        longctx.se_group(1024, 256, 255)
 
 
 # --- the selection rule ---------------------------------------------------------------------------------------------------

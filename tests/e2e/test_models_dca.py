@@ -525,6 +525,42 @@ def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits
     assert f"attention temperature by position (pos: a query at p >= {L}" in r.stderr, r.stderr[-3000:]
 
 
+SE_GW = (4, 64)   # Self-Extend's group size and window on the tiny models: far keys from position 64 on, distances <= 147 < L
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
+def test_b_self_extend(runner, dca_exe, models_dir, tmp_path, arch):
+    """--dca-self-extend G (Self-Extend, bench/longctx's baseline row) against tests/models/reference.py's Self-Extend
+    (written from the LongLM paper: a key within W of the query at its true distance, one farther with the query at
+    p//G + W - W//G and the key at p_k//G), f32 cache, 400 tokens, flash attention; bit for bit plain attention at every
+    position within the window (no far key there); past it not plain's logits. Refused with a message that names what to
+    change: flash attention off, a quantized K cache, G = 1."""
+    from tests.models import reference
+    m = model(models_dir, arch)
+    G, Wse = SE_GW
+    flags = ("--dca", "on", "--dca-self-extend", str(G), "--dca-local-size", str(Wse))
+    _, se = runner.run(dca_exe, m, N_REF, fa=True, ctk="f32", ctv="f32", extra=flags)
+    _, off = runner.run(dca_exe, m, N_REF, fa=True, ctk="f32", ctv="f32", dca=False)
+    toks = reference.tokens_for(SEED, N_REF)
+    e_off = rel_err(off[0], reference.forward(m, arch, toks))
+    e_se = rel_err(se[0], reference.forward(m, arch, toks, self_extend=(G, Wse)))
+    assert e_se.max() < max(1e-2, 3 * e_off.max()), f"{arch}: Self-Extend vs numpy reference {e_se.max():.3g} at {e_se.argmax()}"
+    assert np.array_equal(se[0][:Wse], off[0][:Wse]), "a position within the window differs from plain attention"
+    assert rel_err(se[0][Wse:], off[0][Wse:]).max() > 1e-3, "grouped positions past the window did not move the logits"
+    _, se16 = runner.run(dca_exe, m, N_REF, fa=True, extra=flags)   # the default F16 cache: the far keys re-roped in F16
+    assert np.isfinite(se16).all() and rel_err(se16[0], se[0]).max() < 5e-2
+
+    def refused(*args: str) -> str:
+        r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "x.f32"), "--seed", str(SEED), "--n-tokens", "16",
+                            "-c", str(N_REF), "-t", str(THREADS), *args], capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode != 0, f"{args} was not refused"
+        assert not (tmp_path / "x.f32").exists() or (tmp_path / "x.f32").stat().st_size == 0
+        return r.stderr
+    assert "-fa on" in refused(*flags, "-fa", "off")
+    assert "-ctk f16" in refused(*flags, "-fa", "on", "-ctk", "q8_0")
+    assert "group size >= 2" in refused("--dca", "on", "--dca-self-extend", "1", "-fa", "on")
+
+
 def _run_state(exe: str, model_path: str, out: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [exe, "-m", model_path, "-o", str(out), "--seed", str(SEED), "--n-tokens", "400", "-c", "512", "-b", str(UB),
            "-ub", str(UB), "-fa", "on", "-t", str(THREADS), "--state-at", "300", *args]

@@ -145,14 +145,18 @@ def _q_vec_dot_type(k_type: str) -> str:
 
 def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | None = None,
             cache_types: tuple[str, str] | None = None, variant: str = "normal", freq_scale: float = 1.0,
-            embd: tuple[int, np.ndarray, bool] | None = None, dca_factor: float = 0.0, dca_pos_len: int = 0) -> np.ndarray:
+            embd: tuple[int, np.ndarray, bool] | None = None, dca_factor: float = 0.0, dca_pos_len: int = 0,
+            self_extend: tuple[int, int] | None = None) -> np.ndarray:
     """Logits [n, n_vocab] (float64) of the tiny model at `path` for `tokens`; dca = (S, w) or None;
     cache_types = (K, V) from EMULATED_CACHE_TYPES to reproduce llama.cpp's flash attention over
     such a cache (None: exact attention); freq_scale = 1/factor of a linear rope scaling;
     embd = (P, vectors [M, n_embd], non_causal): positions [P, P + M) take the vectors instead of
     their tokens (see the module's docstring); dca_factor: F of the attention temperature on the DCA layers
     (0: off, as --dca-yarn-factor 0 or a scaled rope; auto_factor(n_ctx) for llama.cpp's default); dca_pos_len: L of
-    --dca-yarn-factor pos (0: off): on the DCA layers a query at p with p + 1 > L scaled by 0.1 log2((p + 1) / L) + 1."""
+    --dca-yarn-factor pos (0: off): on the DCA layers a query at p with p + 1 > L scaled by 0.1 log2((p + 1) / L) + 1;
+    self_extend = (G, W): Self-Extend on the layers DCA extends (--dca-self-extend G --dca-local-size W, in place of dca):
+    a key at distance d = p - p_k < W seen at its true distance, one farther with the query roped at p//G + W - W//G and
+    the key at p_k//G (the LongLM paper's grouped attention, written from it)."""
     spec = tiny.spec_for_variant(arch, variant)
     T = load_tensors(path)
     eps = spec.rms_eps
@@ -181,12 +185,14 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
 
     n_layer_kv = spec.n_layer - spec.n_shared_kv
     kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    kv_far: dict[int, np.ndarray] = {}   # self_extend: the far keys of a layer whose cache later layers share
 
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         swa = bool(spec.swa) and spec.swa[il]
         hd = spec.head_dim_swa if (arch == "gemma4" and swa) else spec.head_dim
         H, Hkv = spec.n_head, spec.n_head_kv
+        is_se = self_extend is not None and not swa
         is_dca = dca is not None and not swa
         if arch == "gemma4":
             n_rot = spec.head_dim_swa if swa else spec.head_dim
@@ -219,16 +225,26 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
                 k = _rms(k, eps) * T[p + "attn_k_norm.weight"]
             if arch == "gemma4":
                 v = _rms(v, eps)
+            k_pre = k
             k = _rope(k, kpos_dca if is_dca else pos, n_rot, base, neox, ff, freq_scale)
+            if is_se:   # the far keys at p_k // G
+                k_far_l = _rope(k_pre, pos // self_extend[0], n_rot, base, neox, ff, freq_scale)
             if cache_types is not None:
                 k = _roundtrip(k.reshape(n, Hkv * hd), cache_types[0]).reshape(n, Hkv, hd)
                 v = _roundtrip(v.reshape(n, Hkv * hd), cache_types[1]).reshape(n, Hkv, hd)
             kv[il] = (k, v)
+            if is_se:
+                kv_far[il] = k_far_l
         else:
             k, v = kv[n_layer_kv - (2 if swa else 1)]
+            k_far_l = kv_far.get(n_layer_kv - (2 if swa else 1))
 
         if is_dca:
             qs = [_rope(q, qpos_dca[r], n_rot, base, neox, ff, freq_scale) for r in range(4)]
+        elif is_se:
+            G, W = self_extend
+            qs = [_rope(q, pos, n_rot, base, neox, ff, freq_scale),
+                  _rope(q, pos // G + W - W // G, n_rot, base, neox, ff, freq_scale)]
         else:
             qs = [_rope(q, pos, n_rot, base, neox, ff, freq_scale)]
 
@@ -260,6 +276,9 @@ def forward(path: str, arch: str, tokens: np.ndarray, dca: tuple[int, int] | Non
             if is_dca:
                 s3 = np.stack([qq[:, hh, :] @ kh.T for qq in qs])        # [4, n, n]
                 s = np.take_along_axis(s3, np.maximum(reg, 0)[None], axis=0)[0]
+            elif is_se:
+                near = pos[:, None] - pos[None, :] < self_extend[1]
+                s = np.where(near, qs[0][:, hh, :] @ kh.T, qs[1][:, hh, :] @ k_far_l[:, hh // g, :].T)
             else:
                 s = qs[0][:, hh, :] @ kh.T
             s = np.where(allowed, s * kq_scale, -np.inf)

@@ -18,7 +18,7 @@
 // the last line of both drivers' usage: DCA's options (with -DDCA, the patched llama.h)
 static const char * const GATE_USAGE_DCA =
 #ifdef DCA
-    "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto|pos\n";
+    "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto|pos  --dca-self-extend G\n";
 #else
     "";
 #endif
@@ -79,6 +79,7 @@ struct gate_opts {
     int       dca_chunk = 0;
     int       dca_local = 0;
     float     dca_yarn  = 0.0f;   // llama.cpp's default: off; -1 = auto ((n_ctx_seq / trained context)^(1/ln 2) past it), -2 = pos (per query)
+    int       dca_self_extend = 0; // Self-Extend's group size in place of DCA's chunks (0: DCA)
 #endif
 };
 
@@ -113,6 +114,7 @@ static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
     else if (a == "--dca-chunk-size")               ok = whole(o.dca_chunk);
     else if (a == "--dca-local-size")               ok = whole(o.dca_local);
     else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = v == "auto" ? -1.0f : v == "pos" ? -2.0f : std::stof(v), true);
+    else if (a == "--dca-self-extend")              ok = whole(o.dca_self_extend);
 #endif
     else return 0;
     if (missing) {
@@ -165,6 +167,7 @@ static llama_context_params gate_context_params(const gate_opts & o) {
     cparams.dca_chunk_size  = o.dca_chunk;
     cparams.dca_local_size  = o.dca_local;
     cparams.dca_yarn_factor = o.dca_yarn;
+    cparams.dca_self_extend = o.dca_self_extend;
 #endif
     return cparams;
 }
