@@ -103,16 +103,19 @@ stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_POS --chars 600000 --jobs 2 "${COMMON[@]}"
 }
 
-stage_se() { # Self-Extend (--dca-self-extend, the issue's baseline row): its window W chosen on the dev cells by the same rule
-    # as DCA's sizes (G: the smallest that keeps every distance within L at the cell's context, longctx.se_group), then
-    # heldout4's cells with that choice, beside the DCA, YaRN and plain rows there (each model's ceilings first)
-    $RUN passkey --set dev --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+stage_se() { # Self-Extend (--dca-self-extend, the issue's baseline row) on heldout4, beside the DCA, YaRN and plain rows there
+    # (each model's ceiling first). Several candidates in GEMMA_SE / SMOL_SE: the window W chosen on the dev cells by the
+    # rule of DCA's sizes first; one: that setting as given (G: the smallest that keeps every distance within L at the
+    # cell's context, longctx.se_group)
+    local G=$GEMMA_SE S=$SMOL_SE
     $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_SE --lengths 81920,163840 --jobs 3 "${COMMON[@]}" &
-    $RUN passkey --set dev --model smollm2-135m --methods $SMOL_SE --jobs 2 "${COMMON[@]}" &
-    wait
-    local G S
-    G=$(choose gemma-3-270m $GEMMA_SE); S=$(choose smollm2-135m $SMOL_SE)
+    if [[ $GEMMA_SE == *,* || $SMOL_SE == *,* ]]; then
+        $RUN passkey --set dev --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+        $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_SE --lengths 81920,163840 --jobs 3 "${COMMON[@]}" &
+        $RUN passkey --set dev --model smollm2-135m --methods $SMOL_SE --jobs 2 "${COMMON[@]}" &
+        wait
+        G=$(choose gemma-3-270m $GEMMA_SE); S=$(choose smollm2-135m $SMOL_SE)
+    fi
     echo "self-extend: gemma-3-270m $G, smollm2-135m $S" >> ~/lc/out/choice.txt
     $RUN passkey --set heldout4 --model gemma-3-270m --methods $G --lengths 98500,192500 --jobs 3 "${COMMON[@]}" &
     $RUN passkey --set heldout4 --model smollm2-135m --methods $S --lengths 32800,65200 --jobs 2 "${COMMON[@]}" &

@@ -499,8 +499,8 @@ LONGCTX_SH = ROOT / "bench" / "longctx" / "gpu.sh"
 
 def test_longctx_pipeline_starts_from_the_committed_trials(tmp_path: Path) -> None:
     """bench/longctx/gpu.sh's pipeline, with the real bash and a stand-in stage: with GEMMA_ONLY=1 it starts once the
-    build and gemma-3 are there (SmolLM2 not carried), begins from the committed held-out trials (so run.py skips
-    what is measured) and never overwrites a passkey.jsonl a run already has; a failed build stops it."""
+    build and gemma-3 are there (SmolLM2 not carried), begins from the committed held-out and dev trials (so run.py
+    skips what is measured and finds each set's ceiling) and never overwrites a passkey.jsonl a run already has; a failed build stops it."""
     assert subprocess.run(["bash", "-n", str(LONGCTX_SH)], check=False).returncode == 0
     home = tmp_path / "home"
     (home / "llb").mkdir(parents=True)
@@ -515,7 +515,7 @@ def test_longctx_pipeline_starts_from_the_committed_trials(tmp_path: Path) -> No
                               timeout=60)
 
     r = pipeline()
-    committed = (ROOT / "bench" / "longctx" / "heldout-results" / "passkey.jsonl").read_bytes()
+    committed = b"".join((ROOT / "bench" / "longctx" / d / "passkey.jsonl").read_bytes() for d in ("heldout-results", "dev-results"))
     assert r.returncode == 0 and "== done" in r.stdout, r.stdout + r.stderr
     assert (home / "lc" / "out" / "passkey.jsonl").read_bytes() == committed
     assert str(committed.count(b"\n")) in r.stdout
