@@ -16,7 +16,10 @@
 #              all three ran 2026-12-06 (fourth round), so the next session runs GEMMA_ONLY=1
 #              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4g" (the temperature by position on
 #              gemma-3's dev cells; the dev rule then chooses among all seven, and heldout4g runs a new choice's cells);
-#              with the SmolLM2 pieces carried too, STAGES="devpos heldout4" adds SmolLM2's heldout4 cells (4x, 8x)
+#              with the SmolLM2 pieces carried too, STAGES="devpos heldout4" adds SmolLM2's heldout4 cells (4x, 8x);
+#              2026-12-06 late (fifth round) ran STAGES="se heldout4 devpos" with GEMMA_SE=se:4096 SMOL_SE=se:1024 until
+#              the device time ran out (se whole, heldout4 12 trials of SmolLM2's, devpos none), so the next session runs
+#              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4" (the committed trials are skipped)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):

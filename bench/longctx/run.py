@@ -68,6 +68,29 @@ def records(dirs: list[Path], name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for d in dirs if (d / name).exists() for line in (d / name).read_text().splitlines()]
 
 
+def trial_key(r: dict[str, Any]) -> tuple[str, ...]:
+    """A passkey trial: its set, model, length, method and index (its key and depth come from the set's seed)."""
+    return (r["set"], r["model"], str(r["length"]), r["method"], str(r["index"]))
+
+
+def unique(recs: list[dict[str, Any]], key: Any) -> list[dict[str, Any]]:
+    """``recs`` with each ``key`` once (the first): a device run starts from the committed records, so the same trial can
+    be in two of the folders a choice or a report reads; counted twice, it would move the choice (2026-12-06: it did)."""
+    seen: set[Any] = set()
+    out = []
+    for r in recs:
+        k = key(r)
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+def ppl_key(r: dict[str, Any]) -> tuple[str, ...]:
+    """A perplexity measurement: its set, model, context and method."""
+    return (r["set"], r["model"], str(r["ctx"]), r["method"])
+
+
 def done_keys(path: Path) -> set[tuple[str, ...]]:
     return {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])) for r in records([path.parent], path.name)}
 
@@ -244,10 +267,10 @@ def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> t
     passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2."""
     scores = {m: longctx.Score() for m in methods}
     ppl: dict[str, list[float]] = {m: [] for m in methods}
-    for r in records(dirs, "passkey.jsonl"):
+    for r in unique(records(dirs, "passkey.jsonl"), trial_key):
         if r["set"] == set_name and r["model"] == model and r["method"] in scores and r["length"] != "inside":
             scores[r["method"]].add(bool(r["ok"]))
-    for r in records(dirs, "ppl.jsonl"):
+    for r in unique(records(dirs, "ppl.jsonl"), ppl_key):
         if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
             ppl[r["method"]].append(float(r["ppl"]))
     try:
@@ -259,7 +282,7 @@ def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> t
 
 def report(dirs: list[Path]) -> str:
     rows: dict[tuple[str, str, str], dict[str, longctx.Score]] = {}
-    passkey = records(dirs, "passkey.jsonl")
+    passkey = unique(records(dirs, "passkey.jsonl"), trial_key)
     for r in passkey:
         sc = rows.setdefault((r["set"], r["model"], str(r["length"])), {}).setdefault(r["method"], longctx.Score())
         sc.add(bool(r["ok"]))
@@ -276,7 +299,7 @@ def report(dirs: list[Path]) -> str:
         out.append(f"| {set_name} | {model} | {length} ({mult}){note} | "
                    + " | ".join(f"{m}: {s}" for m, s in methods.items()) + " |")
     ppl: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for r in records(dirs, "ppl.jsonl"):
+    for r in unique(records(dirs, "ppl.jsonl"), ppl_key):
         ppl.setdefault((r["set"], r["model"], r["ctx"]), {})[r["method"]] = r["ppl"]
     txt = "| set | model | length | method: exact first answers k/n [Wilson 95%] |\n|---|---|---|---|\n" + "\n".join(out)
     if ppl:

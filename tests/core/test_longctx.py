@@ -251,6 +251,34 @@ def test_merge_adds_only_missing_trials_and_refuses_a_different_answer(tmp_path)
     assert [json.loads(x)["set"] for x in other.read_text().splitlines()] == ["dev"]
 
 
+def test_choose_counts_a_trial_once_across_folders(tmp_path):
+    """run.py choose and report over folders that share trials (a device run starts from the committed records, and
+    the pipeline's choice reads both): each trial counts once, so the dev rule picks as it does over one folder. Counted
+    twice, a lead of 2 inside the slack became 4 outside it and moved the choice (the fourth round's device run)."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    def rec(method, i, ok):
+        return json.dumps({"set": "dev", "model": "gemma-3-270m", "length": "81920", "method": method, "index": i,
+                           "key": "12345", "answer": " 12345." if ok else " 1.", "ok": ok})
+
+    a, b = tmp_path / "committed", tmp_path / "run"
+    a.mkdir(), b.mkdir()
+    lines = [rec("dca:4096:512", i, i < 12) for i in range(20)] + [rec("dca:16384:2048", i, i < 10) for i in range(20)]
+    for d in (a, b):
+        (d / "passkey.jsonl").write_text("\n".join(lines) + "\n")
+        (d / "ppl.jsonl").write_text(json.dumps({"set": "dev", "model": "gemma-3-270m", "ctx": 65536, "method": "dca:16384:2048",
+                                                 "ppl": 2.5}) + "\n" + json.dumps({"set": "dev", "model": "gemma-3-270m",
+                                                 "ctx": 65536, "method": "dca:4096:512", "ppl": 2.8}) + "\n")
+    methods = ["dca:4096:512", "dca:16384:2048"]
+    one = run.choose("dev", "gemma-3-270m", methods, [a])
+    assert one[0] == "dca:16384:2048" and "12/20" in one[1]          # within the slack of 2: the lower perplexity
+    assert run.choose("dev", "gemma-3-270m", methods, [a, b]) == one
+    assert "12/20" in run.report([a, b]) and "24/40" not in run.report([a, b])
+
+
 def _boost_wheel() -> Path | None:
     for d in ("/opt/pypi/files", "/opt/pypi-more/files"):
         hits = sorted(Path(d).glob("cmeel_boost-1.90.0-*.whl")) if Path(d).is_dir() else []
