@@ -549,6 +549,13 @@ def test_b_self_extend(runner, dca_exe, models_dir, tmp_path, arch):
     assert rel_err(se[0][Wse:], off[0][Wse:]).max() > 1e-3, "grouped positions past the window did not move the logits"
     _, se16 = runner.run(dca_exe, m, N_REF, fa=True, extra=flags)   # the default F16 cache: the far keys re-roped in F16
     assert np.isfinite(se16).all() and rel_err(se16[0], se[0]).max() < 5e-2
+    # two identical sequences interleaved in one unified cache (cells out of position order: the host mask, the far
+    # keys' shift from each cell's own position) give each the single sequence's logits, as plain attention does
+    _, two = runner.run(dca_exe, m, N_REF, fa=True, ctk="f32", ctv="f32", extra=flags, n_seq=2)
+    _, two_off = runner.run(dca_exe, m, N_REF, fa=True, ctk="f32", ctv="f32", dca=False, n_seq=2)
+    e_two_off = max(rel_err(two_off[0], off[0]).max(), rel_err(two_off[1], off[0]).max())
+    e_two = max(rel_err(two[0], se[0]).max(), rel_err(two[1], se[0]).max())
+    assert e_two <= max(1e-4, 3 * e_two_off), f"{arch}: 2 sequences vs 1 with Self-Extend: {e_two:.3g} (plain: {e_two_off:.3g})"
 
     def refused(*args: str) -> str:
         r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "x.f32"), "--seed", str(SEED), "--n-tokens", "16",
