@@ -534,7 +534,7 @@ def test_b_self_extend(runner, dca_exe, models_dir, tmp_path, arch):
     (written from the LongLM paper: a key within W of the query at its true distance, one farther with the query at
     p//G + W - W//G and the key at p_k//G), f32 cache, 400 tokens, flash attention; bit for bit plain attention at every
     position within the window (no far key there); past it not plain's logits. Refused with a message that names what to
-    change: flash attention off, a quantized K cache, G = 1."""
+    change: flash attention off, a quantized or BF16 K cache (a second rope of K needs F16 or F32), G = 1."""
     from tests.models import reference
     m = model(models_dir, arch)
     G, Wse = SE_GW
@@ -565,6 +565,7 @@ def test_b_self_extend(runner, dca_exe, models_dir, tmp_path, arch):
         return r.stderr
     assert "-fa on" in refused(*flags, "-fa", "off")
     assert "-ctk f16" in refused(*flags, "-fa", "on", "-ctk", "q8_0")
+    assert "-ctk f16" in refused(*flags, "-fa", "on", "-ctk", "bf16")   # ggml_rope takes F16 and F32 only
     assert "group size >= 2" in refused("--dca", "on", "--dca-self-extend", "1", "-fa", "on")
 
 
