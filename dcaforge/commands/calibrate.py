@@ -66,6 +66,9 @@ def calibrate(
                                                       "Python's standard library, as source code)")] = None,
     chunks: Annotated[str, typer.Option("--chunks", help="the chunk sizes to try, e.g. 2048,4096 (default: L/16, "
                                         "L/8, L/4, L/2)")] = "",
+    temperature: Annotated[bool, typer.Option("--temperature/--no-temperature", help="also try the attention "
+                                              "temperature by position (one candidate more: the chunk size nearest "
+                                              "L/8); the copy's dual_chunk.temperature says whether the pick has it")] = True,
     dev_trials: Annotated[int, typer.Option("--dev-trials", help="passkey trials per dev length and candidate")] = DEFAULT_DEV_TRIALS,
     heldout_trials: Annotated[int, typer.Option("--heldout-trials", help="passkey trials per held-out length, for "
                                                 "the pick and for YaRN")] = DEFAULT_HELDOUT_TRIALS,
@@ -92,7 +95,7 @@ def calibrate(
 
     dev, held = call(texts)
     opts = Options(model=model, server=srv, dev=dev, heldout=held, out=output, force=force, perplexity=ppl,
-                   chunks=chosen, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
+                   chunks=chosen, temperature=temperature, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
                    server_args=extra, work=work, server_from=server_from)
     bar, hooks = _progress()
     with bar:
@@ -180,7 +183,8 @@ def print_report(rep: Report) -> None:
     for note in rep.notes:
         out.print(f"note:     {note}")
     out.print(f"wrote:    {rep.out} ({info.arch}.attention.dual_chunk.chunk_size = {rep.chunk}, local_size = "
-              f"{rep.local}; every other key and the {rep.copy.n_tensors} tensors unchanged, checked by reading it back)")
+              f"{rep.local}, temperature = {rep.copy.temperature}; every other key and the {rep.copy.n_tensors} tensors "
+              "unchanged, checked by reading it back)")
     out.print(f"use:      llama-server -m {shlex.quote(str(rep.out))} --dca on -c N   (N past {info.trained})")
     out.print(f"report:   {rep.json_path}")
     if rep.plot_path:

@@ -7,7 +7,8 @@ that ``--dca on`` alone uses them.
    KQ bias: the keys and tensor names ``llama_dca_unsupported_attn`` reads), the output is a new path (``force`` to
    replace one; never the input), and the llama-server given knows ``--dca``.
 2. **Dev sweep** (:func:`plan`): chunk sizes S in {L/16, L/8, L/4, L/2} (at least 512, at most 262144 and L; the
-   GGUF's own sizes too, when it has some), local window w = S/8, attention temperature off; passkey trials
+   GGUF's own sizes too, when it has some), local window w = S/8, attention temperature off, and the size nearest L/8
+   with the temperature by position (``--dca-yarn-factor pos``; ``temperature=False`` leaves it out); passkey trials
    (dcaforge/gate/longctx.py: a fresh random key and depth per trial, a token-exact prompt in real text, strict scoring)
    at ~2.5x and ~5x L of the dev text, and, when llama-perplexity is there, the dev text's perplexity at ~2.5x L.
 3. **Pick** with the rule the bench uses (:func:`dcaforge.gate.longctx.choose`): the most exact answers; among those
@@ -18,7 +19,8 @@ that ``--dca on`` alone uses them.
 4. **Held-out check**: its text's ceiling the same way, then, only if it holds, the pick beside YaRN at ~3x and ~6x
    L of another text (its own seed, keys, depths and lengths). It is reported, never used to choose; a failed
    ceiling makes the verdict "cannot judge" instead of a comparison that means nothing.
-5. **Write** a copy of the GGUF with ``<arch>.attention.dual_chunk.chunk_size`` and ``.local_size`` (uint32) set,
+5. **Write** a copy of the GGUF with ``<arch>.attention.dual_chunk.chunk_size`` and ``.local_size`` (uint32) and
+   ``.temperature`` (``pos`` or ``off``, which 0078 reads when ``--dca-yarn-factor`` is left at its default) set,
    every other key and every tensor as they were (:func:`write_dca_copy`, checked by reading the copy back), through
    a temporary file, so an interrupted run leaves no half-written output.
 
@@ -68,6 +70,7 @@ class Options:
     force: bool = False                # replace an existing output
     perplexity: Path | None = None     # llama-perplexity, for the dev perplexity (None: not measured)
     chunks: tuple[int, ...] = ()       # the candidates' chunk sizes (default: candidate_chunks)
+    temperature: bool = True           # also try the temperature by position (one candidate: calibrate_plan)
     dev_trials: int = DEFAULT_DEV_TRIALS
     heldout_trials: int = DEFAULT_HELDOUT_TRIALS
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -194,7 +197,7 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     if opts.perplexity is not None and ppl_exe is None:
         notes.append(f"no llama-perplexity at {opts.perplexity}: the dev perplexity was not measured")
     pl = plan(info, chunks=opts.chunks, dev_trials=opts.dev_trials, heldout_trials=opts.heldout_trials,
-              max_tokens=opts.max_tokens, perplexity=ppl_exe is not None)
+              max_tokens=opts.max_tokens, perplexity=ppl_exe is not None, temperature=opts.temperature)
     if hooks.on_plan:
         hooks.on_plan(pl)
     work.mkdir(parents=True, exist_ok=True)
@@ -222,9 +225,10 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     else:   # as bench/longctx/run.py: a text that fails its ceiling judges no method; its cells are not run
         heldout = {choice.pick: {}, "yarn": {}}
 
-    r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local})")
+    temp = "pos" if mp.factor == "pos" else "off"
+    r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local}, temperature {temp})")
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
-    copy = write_dca_copy(opts.model, out, mp.chunk, mp.local)
+    copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
                  chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings)
     failed = rep.ceiling_line("heldout")

@@ -18,6 +18,10 @@ SUPPORTED_ARCHS = ("gemma4", "gemma3", "qwen2", "qwen3", "qwen3moe", "llama")
 KEY_CHUNK = "{arch}.attention.dual_chunk.chunk_size"
 KEY_LOCAL = "{arch}.attention.dual_chunk.local_size"
 KEY_DCA_ORIG = "{arch}.attention.dual_chunk.original_context_length"
+#: the model's own attention temperature, "pos" or "off" (a string): 0078 reads it when --dca-yarn-factor is left at its
+#: default (model)
+KEY_TEMPERATURE = "{arch}.attention.dual_chunk.temperature"
+TEMPERATURES = ("off", "pos")
 KEY_ROPE_ORIG = "{arch}.rope.scaling.original_context_length"
 KEY_CTX = "{arch}.context_length"
 
@@ -148,21 +152,26 @@ class CopyResult:
     n_kv: int
     n_tensors: int
     tensor_bytes: int
+    temperature: str = "off"
 
 
-def write_dca_copy(src: Path, dst: Path, chunk: int, local: int) -> CopyResult:
+def write_dca_copy(src: Path, dst: Path, chunk: int, local: int, temperature: str = "off") -> CopyResult:
     """Write ``dst``: ``src`` with ``<arch>.attention.dual_chunk.chunk_size = chunk`` and ``.local_size = local``
-    (uint32), every other key, every tensor and the alignment as they were; checked by reading ``dst`` back (the
+    (uint32) and ``.temperature`` (a string, ``off`` or ``pos``: written either way, so that a copy of a copy says
+    what its own calibration chose), every other key, every tensor and the alignment as they were; checked by reading ``dst`` back (the
     keys, the values, every tensor's bytes), through a temporary file beside ``dst`` that an error or an interrupt
     removes. ``src`` is only read."""
     import gguf
 
     if chunk <= 0 or local <= 0 or local >= chunk:
         raise ValueError(f"chunk {chunk}, local {local}: need 0 < local < chunk")
+    if temperature not in TEMPERATURES:
+        raise ValueError(f"temperature {temperature!r}: need one of {', '.join(TEMPERATURES)}")
     reader = _read(src)
     kv = _fields(reader)
     arch = str(kv["general.architecture"])
-    new = {KEY_CHUNK.format(arch=arch): chunk, KEY_LOCAL.format(arch=arch): local}
+    new: dict[str, int | str] = {KEY_CHUNK.format(arch=arch): chunk, KEY_LOCAL.format(arch=arch): local,
+                                 KEY_TEMPERATURE.format(arch=arch): temperature}
     tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
     try:
         writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
@@ -174,7 +183,7 @@ def write_dca_copy(src: Path, dst: Path, chunk: int, local: int) -> CopyResult:
             sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
         for key, value in new.items():
-            writer.add_key_value(key, value, gguf.GGUFValueType.UINT32)
+            writer.add_key_value(key, value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
         for t in reader.tensors:
             writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
         writer.write_header_to_file()
@@ -188,12 +197,12 @@ def write_dca_copy(src: Path, dst: Path, chunk: int, local: int) -> CopyResult:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return CopyResult(dst, chunk, local, res[0], res[1], res[2])
+    return CopyResult(dst, chunk, local, res[0], res[1], res[2], temperature)
 
 
-def verify_copy(src: Path, dst: Path, new: dict[str, int]) -> tuple[int, int, int]:
+def verify_copy(src: Path, dst: Path, new: dict[str, int | str]) -> tuple[int, int, int]:
     """(keys, tensors, tensor bytes) of ``dst`` once it is checked against ``src``: the same keys and values but
-    ``new`` (uint32 there), the same tensors (name, type, shape, bytes) in the same order. CalibrateError otherwise."""
+    ``new`` (uint32 there, or a string for a str), the same tensors (name, type, shape, bytes) in the same order. CalibrateError otherwise."""
     import gguf
 
     a, b = _read(src), _read(dst)
@@ -202,7 +211,8 @@ def verify_copy(src: Path, dst: Path, new: dict[str, int]) -> tuple[int, int, in
     bad = sorted(k for k in set(want) | set(kb) if want.get(k) != kb.get(k))
     for k in new:
         fld = b.fields.get(k)
-        if fld is None or fld.types != [gguf.GGUFValueType.UINT32]:
+        want_type = gguf.GGUFValueType.STRING if isinstance(new[k], str) else gguf.GGUFValueType.UINT32
+        if fld is None or fld.types != [want_type]:
             bad.append(f"{k} (type)")
     if [t.name for t in a.tensors] != [t.name for t in b.tensors]:
         bad.append("tensor names")

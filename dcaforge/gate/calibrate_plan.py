@@ -16,6 +16,11 @@ MIN_CHUNK = 512
 MAX_CHUNK = 262144
 #: the local window of a chunk size S: S / LOCAL_DIV
 LOCAL_DIV = 8
+#: the attention temperature by position (--dca-yarn-factor pos) is tried with one chunk size, the candidate nearest
+#: L / TEMPERATURE_FRACTION: on the bench's dev set (gemma-3-270m at 5x L) it lifted short chunks' retrieval (4096 / 512:
+#: 7/20 without, 13/20 with the temperature) where the longest chunks needed none (bench/RESULTS.md, fourth round). One
+#: candidate more, not one per size: the sweep of a 270M model stays within ~15 minutes
+TEMPERATURE_FRACTION = 8
 #: prompt lengths as multiples of L: dev and held-out never share one. Under the cap (max_tokens) each is at most
 #: L + share x (cap - L), so that capped lengths stay past L, apart, and dev below held-out
 DEV_MULTS = (2.5, 5.0)
@@ -60,7 +65,7 @@ def local_for(chunk: int) -> int:
 @dataclass(frozen=True)
 class Plan:
     trained: int
-    candidates: tuple[str, ...]       # dca:S:W, temperature off
+    candidates: tuple[str, ...]       # dca:S:W (temperature off), and dca:S:W:pos for one S unless turned off
     dev_lengths: tuple[int, ...]
     heldout_lengths: tuple[int, ...]
     dev_trials: int                   # per dev length and candidate
@@ -83,7 +88,7 @@ class Plan:
 
 def plan(info: GgufInfo, *, chunks: Sequence[int] = (), dev_trials: int = DEFAULT_DEV_TRIALS,
          heldout_trials: int = DEFAULT_HELDOUT_TRIALS, max_tokens: int = DEFAULT_MAX_TOKENS,
-         perplexity: bool = True) -> Plan:
+         perplexity: bool = True, temperature: bool = True) -> Plan:
     """The sweep for ``info``'s model (see the module), or the refusal when it cannot go past L."""
     L = info.trained
     if dev_trials < 1 or heldout_trials < 1:
@@ -106,6 +111,9 @@ def plan(info: GgufInfo, *, chunks: Sequence[int] = (), dev_trials: int = DEFAUL
 
     dev, held = lengths(DEV_MULTS, DEV_CAP_SHARE), lengths(HELDOUT_MULTS, HELDOUT_CAP_SHARE)
     cands = tuple(longctx.dca_method(s, local_for(s)) for s in sizes)
+    if temperature:   # the temperature by position, with the size nearest L / TEMPERATURE_FRACTION (the smaller on a tie)
+        s_t = min(sizes, key=lambda s: (abs(s - L // TEMPERATURE_FRACTION), s))
+        cands += (longctx.dca_method(s_t, local_for(s_t)) + ":pos",)
     inside = int(INSIDE_SHARE * L)
     tokens = (len(cands) * dev_trials * sum(dev) + 2 * heldout_trials * sum(held)
               + inside * (dev_trials * len(dev) + heldout_trials * len(held)))

@@ -238,7 +238,10 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         # negative error bar (seen: 2/2 -> hi - p = -1.1e-16)
         return p, max(0.0, p - lo), max(0.0, hi - p)
 
-    cands = sorted(rep.dev, key=chunk)
+    # the lines join the sizes with the temperature off; a candidate with the temperature by position (dca:S:W:pos) is a
+    # marker of its own at its S
+    cands = sorted((m for m in rep.dev if not m.endswith(":pos")), key=chunk)
+    temps = sorted((m for m in rep.dev if m.endswith(":pos")), key=chunk)
     xs = [chunk(m) for m in cands]
     has_ppl = any(v is not None for v in rep.ppl.values())
     fig, axes = plt.subplots(1, 3 if has_ppl else 2, figsize=(10.5 if has_ppl else 7.5, 3.2), squeeze=False)
@@ -251,9 +254,13 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     tot = [frac(rep.total(rep.dev[m])) for m in cands]
     ax.errorbar(xs, [v[0] for v in tot], yerr=[[v[1] for v in tot], [v[2] for v in tot]], marker="s", ms=5, capsize=3,
                 lw=1.8, color=STYLE["dca"][1], label="all dev trials")
+    if temps:
+        tv = [frac(rep.total(rep.dev[m])) for m in temps]
+        ax.errorbar([chunk(m) for m in temps], [v[0] for v in tv], yerr=[[v[1] for v in tv], [v[2] for v in tv]], marker="^",
+                    ms=6, capsize=3, lw=0, elinewidth=1, color=STYLE["yarn"][1], label="all dev trials, temperature by position")
     pick_x = chunk(rep.choice.pick)
     ax.scatter([pick_x], [frac(rep.total(rep.dev[rep.choice.pick]))[0]], s=160, facecolors="none", edgecolors="black",
-               zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}")
+               zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}" + (", temperature" if rep.choice.pick.endswith(":pos") else ""))
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [_ctx_label(x) for x in xs])
     ax.minorticks_off()
@@ -264,8 +271,11 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     ax.legend(fontsize=6, loc="best")
     if has_ppl:
         ax = axes[0][1]
-        pts = [(chunk(m), rep.ppl[m]) for m in cands if rep.ppl[m] is not None]
+        pts = [(chunk(m), rep.ppl[m]) for m in cands if rep.ppl.get(m) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", color=STYLE["dca"][1], lw=1.4)
+        tp = [(chunk(m), rep.ppl[m]) for m in temps if rep.ppl.get(m) is not None]
+        if tp:
+            ax.plot([p[0] for p in tp], [p[1] for p in tp], marker="^", lw=0, color=STYLE["yarn"][1])
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [_ctx_label(x) for x in xs])
         ax.minorticks_off()

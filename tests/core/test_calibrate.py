@@ -200,17 +200,28 @@ def _model_with_quant_and_alignment(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("which", ["longctx-qwen2", "gemma3-q8_0-align64"])
-def test_copy_sets_the_two_keys_and_keeps_every_other_key_and_tensor_byte(tmp_path: Path, which: str) -> None:
+def test_copy_sets_the_dca_keys_and_keeps_every_other_key_and_tensor_byte(tmp_path: Path, which: str) -> None:
+    """The copy: chunk_size and local_size (uint32) and temperature (a string), every other key, the alignment and
+    every tensor byte as in the source, which is only read; a copy of a copy says its own calibration's temperature."""
     src = MODEL if which == "longctx-qwen2" else _model_with_quant_and_alignment(tmp_path / "src.gguf")
     before = sha(src)
     dst = tmp_path / "out.gguf"
-    res = cal.write_dca_copy(src, dst, 4096, 512)
-    assert sha(src) == before
+    temp = "pos" if which == "longctx-qwen2" else "off"
+    res = cal.write_dca_copy(src, dst, 4096, 512, temp)
+    assert sha(src) == before and res.temperature == temp
     a, b = gguf.GGUFReader(src), gguf.GGUFReader(dst)
     arch = a.fields["general.architecture"].contents()
-    keys = {f"{arch}.attention.dual_chunk.chunk_size": 4096, f"{arch}.attention.dual_chunk.local_size": 512}
+    keys = {f"{arch}.attention.dual_chunk.chunk_size": 4096, f"{arch}.attention.dual_chunk.local_size": 512,
+            f"{arch}.attention.dual_chunk.temperature": temp}
     for k, v in keys.items():
-        assert b.fields[k].types == [gguf.GGUFValueType.UINT32] and b.fields[k].contents() == v
+        want = gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.UINT32
+        assert b.fields[k].types == [want] and b.fields[k].contents() == v
+    again = tmp_path / "again.gguf"
+    cal.write_dca_copy(dst, again, 2048, 256, "off")
+    assert gguf.GGUFReader(again).fields[f"{arch}.attention.dual_chunk.temperature"].contents() == "off"
+    with pytest.raises(ValueError, match="temperature"):
+        cal.write_dca_copy(src, tmp_path / "bad.gguf", 4096, 512, "auto")
+    assert not (tmp_path / "bad.gguf").exists()
     fa = {f.name: (f.types, f.contents()) for f in a.fields.values() if not f.name.startswith("GGUF.") and f.name not in keys}
     fb = {f.name: (f.types, f.contents()) for f in b.fields.values() if not f.name.startswith("GGUF.") and f.name not in keys}
     assert fa == fb
@@ -250,18 +261,20 @@ def test_plan_candidates_and_lengths() -> None:
     def info(L: int, chunk: int | None = None) -> cal.GgufInfo:
         return cal.GgufInfo(MODEL, 0, "gemma3", L, L, "gemma3.context_length", chunk, None, 0, 0)
 
-    p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off
-    assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048")
+    p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off; L/8 with the temperature by position
+    assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048", "dca:4096:512:pos")
     assert p.dev_lengths == (81920, 163840) and p.heldout_lengths == (98304, 196608)
     # plus each text's ceiling: plain attention inside L (0.9 L), as many trials as a candidate gets
     assert p.inside == 29491 and p.ceiling_trials == (20, 20)
-    assert p.total_trials == 4 * 2 * 10 + 2 * 2 * 10 + 20 + 20 and p.slack == 2 and p.ppl_ctx == 81920
+    assert p.total_trials == 5 * 2 * 10 + 2 * 2 * 10 + 20 + 20 and p.slack == 2 and p.ppl_ctx == 81920
     assert p.estimate_seconds <= 15 * 60   # the issue's budget for a 270M model on one H100, at 3 s per 100k tokens
-    assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512")
-    assert cal.plan(info(4096)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256")   # at least 512
-    assert cal.plan(info(256)).candidates == ("dca:32:4", "dca:64:8", "dca:128:16")           # small L: from L/8
+    assert cal.plan(info(32768), temperature=False).candidates == p.candidates[:4]
+    assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512", "dca:1024:128:pos")
+    assert cal.plan(info(4096), temperature=False).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256")   # at least 512
+    assert cal.plan(info(4096)).candidates[-1] == "dca:512:64:pos"                                 # the size nearest L/8
+    assert cal.plan(info(256)).candidates == ("dca:32:4", "dca:64:8", "dca:128:16", "dca:32:4:pos")  # small L: from L/8
     assert cal.plan(info(32768, chunk=6144)).candidates[2] == "dca:6144:768"                    # the GGUF's own, too
-    assert cal.plan(info(32768), chunks=(3000,)).candidates == ("dca:3000:375",)
+    assert cal.plan(info(32768), chunks=(3000,)).candidates == ("dca:3000:375", "dca:3000:375:pos")
     assert cal.plan(info(32768), perplexity=False).ppl_ctx is None
     # a cap keeps every length past L, apart, dev below held-out
     p = cal.plan(info(131072))
@@ -390,8 +403,10 @@ def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     info = cal.inspect_gguf(MODEL)
     pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2)
-    dev = {pl.candidates[0]: {640: S(1, 2), 1280: S(0, 2)}, pl.candidates[1]: {640: S(2, 2), 1280: S(1, 2)}}
-    ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1}
+    assert pl.candidates[2] == "dca:64:8:pos"   # the temperature by position, drawn as a marker of its own
+    dev = {pl.candidates[0]: {640: S(1, 2), 1280: S(0, 2)}, pl.candidates[1]: {640: S(2, 2), 1280: S(1, 2)},
+           pl.candidates[2]: {640: S(0, 2), 1280: S(1, 2)}}
+    ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1, pl.candidates[2]: 3.4}
     choice = longctx.choose({m: cal.Report.total(by) for m, by in dev.items()},
                             {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=pl.slack)
     held = {choice.pick: {768: S(2, 2), 1536: S(1, 2)}, "yarn": {768: S(0, 2), 1536: S(0, 2)}}
@@ -407,7 +422,7 @@ def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixtu
     text = capsys.readouterr().out
     assert "pick:     dca:128:16: the most exact dev answers; among those within 1 of the best (dca:128:16)" in text
     assert "held-out: dca:128:16 3/4 [0.30, 0.95] above YaRN 0/4 [0.00, 0.49]" in text
-    assert "qwen2.attention.dual_chunk.chunk_size = 128, local_size = 16; every other key and the 50 tensors" in text
+    assert "qwen2.attention.dual_chunk.chunk_size = 128, local_size = 16, temperature = off; every other key and the 50 tensors" in text
     assert os.fspath(out) in text
 
 

@@ -3,8 +3,8 @@ L = 256), through the clean room's llama-server (the `serve_tree` build) as a us
 else about the build (the server is the room's, the dev text the room's llama.cpp sources, the held-out text Python's
 standard library source), tiny trial counts and two chunk sizes; the dev perplexity when the room's build has llama-perplexity.
 The copy is written next to the work folder with the pick's
-sizes, the input is unchanged, and `--dca on` alone on the copy logs that DCA takes "the model's own" sizes from the
-GGUF (llama_dca_resolve in the 0078 C++)."""
+sizes and temperature, the input is unchanged, and `--dca on` alone on the copy logs that DCA takes "the model's own"
+sizes (and temperature, when the pick has one) from the GGUF (llama_dca_resolve in the 0078 C++)."""
 
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert hashlib.sha256(MODEL.read_bytes()).hexdigest() == before
     rep = json.loads(p.stdout)
-    assert rep["plan"]["candidates"] == ["dca:64:8", "dca:128:16"]
+    assert rep["plan"]["candidates"] == ["dca:64:8", "dca:128:16", "dca:64:8:pos"]   # the size nearest L/8 with the temperature
     assert rep["plan"]["dev_lengths"] == [640, 1280] and rep["plan"]["heldout_lengths"] == [768, 1536]
     pick = rep["choice"]["pick"]
-    chunk, local = rep["choice"]["chunk_size"], rep["choice"]["local_size"]
-    assert pick == f"dca:{chunk}:{local}" and chunk in (64, 128)
-    for m in ("dca:64:8", "dca:128:16"):
+    chunk, local, temp = rep["choice"]["chunk_size"], rep["choice"]["local_size"], rep["choice"]["temperature"]
+    assert pick == f"dca:{chunk}:{local}" + (":pos" if temp == "pos" else "") and chunk in (64, 128) and temp in ("off", "pos")
+    for m in ("dca:64:8", "dca:128:16", "dca:64:8:pos"):
         assert rep["dev"][m]["total"]["n"] == 4
     # L = 256 bytes: a prompt inside L (230) has no room beside the question and the needle, so neither text's ceiling
     # is measured (said in the notes) and the held-out cells run as before
@@ -55,21 +55,42 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     # every trial recorded, each prompt exactly its length (the needle's depth inside it)
     work = Path(rep["work"])
     trials = [json.loads(line) for line in (work / "trials.jsonl").read_text().splitlines()]
-    assert len(trials) == 16 and all(0 < t["depth"] < 1 for t in trials)
+    assert len(trials) == 20 and all(0 < t["depth"] < 1 for t in trials)
     assert len({t["key"] for t in trials if t["set"] == "calibrate-dev"}) >= 3   # a fresh key per trial
     assert (work / "report.json").is_file() and (work / "sweep.png").is_file()
     info = calibrate.inspect_gguf(out)
     assert (info.chunk, info.local) == (chunk, local)
-    # --dca on and nothing else: the GGUF's sizes
-    LOGS.mkdir(parents=True, exist_ok=True)
-    args = ["-m", out, "-c", "1024", "--parallel", "1", "-t", "2", "--no-warmup", "-lv", "4", "--dca", "on"]
-    with LlamaServer(serve_tree.bin("llama-server"), args, LOGS / "dca-on.log") as srv:
-        status, _ = srv.request("POST", "/completion", {"prompt": [256, *b"int main(void) {"], "n_predict": 2})
-        assert status == 200
-        log = srv.output()
+    # --dca on and nothing else: the GGUF's sizes and its temperature
+    log = _dca_on_log(serve_tree, out, "dca-on.log")
     assert f"chunk size S = {chunk}, local window w = {local}" in log, log[-3000:]
     assert ("the model's own: qwen2.attention.dual_chunk.chunk_size, qwen2.attention.dual_chunk.local_size") in log
+    assert ("by position (pos, the model's own: qwen2.attention.dual_chunk.temperature" in log) == (temp == "pos"), log[-3000:]
     print(f"calibrate: {seconds:.1f} s, pick {pick}, {rep['verdict']}")
+
+
+def _dca_on_log(serve_tree, model: Path, name: str, *extra: str) -> str:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    args = ["-m", model, "-c", "1024", "--parallel", "1", "-t", "2", "--no-warmup", "-lv", "4", "--dca", "on", *extra]
+    with LlamaServer(serve_tree.bin("llama-server"), args, LOGS / name) as srv:
+        status, _ = srv.request("POST", "/completion", {"prompt": [256, *b"int main(void) {"], "n_predict": 2})
+        assert status == 200
+        return srv.output()
+
+
+def test_the_copy_s_temperature_is_what_dca_on_alone_uses(serve_tree, tmp_path: Path) -> None:
+    """A copy whose dual_chunk.temperature is pos (what calibrate writes when its pick has the temperature): --dca on
+    alone runs the temperature by position, naming the key; --dca-yarn-factor 0 turns it off; a copy with off, or the
+    original without the key, runs none."""
+    pos, off = tmp_path / "pos.gguf", tmp_path / "off.gguf"
+    calibrate.write_dca_copy(MODEL, pos, 128, 16, "pos")
+    calibrate.write_dca_copy(MODEL, off, 128, 16, "off")
+    own = "by position (pos, the model's own: qwen2.attention.dual_chunk.temperature"
+    assert own in _dca_on_log(serve_tree, pos, "temp-pos.log")
+    log = _dca_on_log(serve_tree, pos, "temp-pos-0.log", "--dca-yarn-factor", "0")
+    assert own not in log and "attention temperature off" in log, log[-3000:]
+    for m, name in ((off, "temp-off.log"), (MODEL, "temp-none.log")):
+        log = _dca_on_log(serve_tree, m, name)
+        assert "attention temperature off" in log and "by position" not in log, log[-3000:]
 
 
 def test_calibrate_on_a_model_that_cannot_be_searched(serve_tree, tmp_path: Path) -> None:
@@ -83,7 +104,7 @@ def test_calibrate_on_a_model_that_cannot_be_searched(serve_tree, tmp_path: Path
     tiny.build("qwen2", str(model), n_ctx_train=1024)
     out = tmp_path / "random.dca.gguf"
     p = dcaforge("calibrate", str(model), "-o", str(out), "--chunks", "128,256", "--dev-trials", "1",
-                 "--heldout-trials", "1", "--server-args", "-t 2 -fa on", "--json")
+                 "--heldout-trials", "1", "--no-temperature", "--server-args", "-t 2 -fa on", "--json")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     rep = json.loads(p.stdout)
     assert rep["plan"]["inside"] == 921

@@ -226,7 +226,7 @@ def test_a_auto_sizes_are_one_half_and_one_eighth(runner, dca_exe, models_dir, a
     (("--dca-chunk-size", "192", "--dca-local-size", "-1"), "--dca-local-size"),
     (("--dca-chunk-size", "-5", "--dca-local-size", "0"), "--dca-chunk-size"),
     (("--dca-chunk-size", "300", "--dca-local-size", "32"), "--dca-chunk-size"),
-    (("--dca-yarn-factor", "-3"), "--dca-yarn-factor"),   # -1 is auto, -2 pos in llama_context_params
+    (("--dca-yarn-factor", "-4"), "--dca-yarn-factor"),   # -1 is auto, -2 pos, -3 model in llama_context_params
 ], ids=["w-eq-S", "w-negative", "S-negative", "S-above-trained", "yarn-negative"])
 def test_a_impossible_values_fail_at_context_creation(dca_exe, models_dir, args, flag):
     r = subprocess.run([dca_exe, "-m", model(models_dir, "qwen2"), "-o", os.devnull, "--n-tokens", "8", "--dca", "on", *args],
