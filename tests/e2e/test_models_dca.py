@@ -525,6 +525,31 @@ def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits
     assert f"attention temperature by position (pos: a query at p >= {L}" in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monkeypatch, arch):
+    """The model's own temperature (`<arch>.attention.dual_chunk.temperature`, which `dcaforge calibrate` writes): with
+    --dca-yarn-factor left at its default (model), a copy saying pos gives exactly the logits of --dca-yarn-factor pos on
+    the original, one saying off those of the temperature off; --dca-yarn-factor 0 overrides pos; a value other than
+    pos or off is refused at context creation, naming the key."""
+    from dcaforge.gate import calibrate_gguf
+    m = model(models_dir, arch)
+    copies = {}
+    monkeypatch.setattr(calibrate_gguf, "TEMPERATURES", ("off", "pos", "warm"))
+    for t in ("pos", "off", "warm"):
+        copies[t] = tmp_path / f"{t}.gguf"
+        calibrate_gguf.write_dca_copy(Path(m), copies[t], S, W, t)
+    _, pos_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "pos"))
+    _, off_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=TEMP_OFF)
+    _, pos_own = runner.run(dca_exe, str(copies["pos"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
+    _, off_own = runner.run(dca_exe, str(copies["off"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
+    _, pos_zero = runner.run(dca_exe, str(copies["pos"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=TEMP_OFF)
+    assert np.array_equal(pos_own, pos_flag) and np.array_equal(off_own, off_flag) and np.array_equal(pos_zero, off_flag)
+    assert not np.array_equal(pos_flag, off_flag), "the temperature by position did not move the logits past L"
+    r = subprocess.run([dca_exe, "-m", str(copies["warm"]), "-o", str(tmp_path / "x.f32"), "--n-tokens", "16", "-c", str(N_REF),
+                        "-t", str(THREADS), *DCA_ON], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode != 0 and f"{arch}.attention.dual_chunk.temperature = 'warm' is not pos or off" in r.stderr, r.stderr[-2000:]
+
+
 SE_GW = (4, 64)   # Self-Extend's group size and window on the tiny models: far keys from position 64 on, distances <= 147 < L
 
 
