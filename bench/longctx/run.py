@@ -92,22 +92,21 @@ def ppl_key(r: dict[str, Any]) -> tuple[str, ...]:
 
 
 def done_keys(path: Path) -> set[tuple[str, ...]]:
-    return {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])) for r in records([path.parent], path.name)}
+    return {trial_key(r) for r in records([path.parent], path.name)}
 
 
 def merge(src: Path, dst: Path, sets: set[str] | None = None) -> tuple[int, int]:
     """Appends to ``dst`` the trials of ``src`` that ``dst`` lacks (only those of ``sets`` when given: a device run holds
     dev and held-out trials, which live apart); returns (added, already there). A trial in both with a different answer
     stops it before anything is written: the run was not the same."""
-    have = {(r["set"], r["model"], str(r["length"]), r["method"], str(r["index"])): r
-            for r in records([dst.parent], dst.name)}
+    have = {trial_key(r): r for r in records([dst.parent], dst.name)}
     new: list[str] = []
     dup = 0
     for line in src.read_text().splitlines():
         r = json.loads(line)
         if sets is not None and r["set"] not in sets:
             continue
-        k = (r["set"], r["model"], str(r["length"]), r["method"], str(r["index"]))
+        k = trial_key(r)
         if k in have:
             if have[k]["answer"] != r["answer"]:
                 raise SystemExit(f"{src}: trial {k} answers {r['answer']!r} where {dst} has {have[k]['answer']!r}")
