@@ -190,17 +190,20 @@ stage_smolheldout4() { # SmolLM2's heldout4 cells alone (its dev choice, --dca o
 
 stage_heldout5() { heldout_passkey heldout5 97500 193500 1038000 33200 65800; } # NVIDIA CCCL's C++ (sets.yaml), both models
 
-stage_heldout4g() { # heldout4 (Boost's C++ headers, sets.yaml) for gemma-3 alone: its ceiling first (run.py runs no
-    # other cell of a set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and
-    # the dev choice's 3 trials at 1M beside them; SmolLM2's heldout4 cells wait for a run that carries its pieces
-    local G; G=$(choose gemma-3-270m $GEMMA_DEV)
-    $RUN passkey --set heldout4 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set heldout4 --model gemma-3-270m --methods $G --lengths 1042000 "${COMMON[@]}" \
-        > ~/lc/out/heldout4-1m.log 2>&1 &
+heldout_gemma() { # SET G3 G6 G1M: one set's cells for gemma-3 alone: its ceiling first (run.py runs no other cell of a
+    # set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and the dev choice's
+    # 3 trials at 1M beside them; SmolLM2's cells wait for a run that carries its pieces
+    local set=$1 G; G=$(choose gemma-3-270m $GEMMA_DEV); echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt
+    $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}" || return
+    $RUN passkey --set $set --model gemma-3-270m --methods $G --lengths $4 "${COMMON[@]}" > ~/lc/out/$set-1m.log 2>&1 &
     local one_m=$!
-    $RUN passkey --set heldout4 --model gemma-3-270m --methods $G,dca,yarn --lengths 98500,192500 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $2,$3 --jobs 3 "${COMMON[@]}"
     wait $one_m
 }
+
+stage_heldout4g() { heldout_gemma heldout4 98500 192500 1042000; } # heldout4 (Boost's C++ headers) for gemma-3 alone
+
+stage_heldout5g() { heldout_gemma heldout5 97500 193500 1038000; } # heldout5 (NVIDIA CCCL's C++) for gemma-3 alone
 
 # gemma's held-out perplexity: two windows of 98304 tokens need ~791k characters of the prose (600k gave 149k tokens:
 # llama-perplexity refused, 2026-12-06)
@@ -218,7 +221,8 @@ stage_ppl() {
 stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }
 
 pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there (only gemma-3
-    # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devtextrest, devdefault, heldout4g; saves three carries)
+    # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devpos, devtextrest, devdefault, heldout4g,
+    # heldout5g; saves three carries)
     local t0=$SECONDS st smol=~/model/smollm2-135m-instruct-q4_1.gguf
     [ "${GEMMA_ONLY:-0}" = 1 ] && smol=~/model/gemma3-270m-q4_k_m.gguf
     until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f $smol ]; do
