@@ -19,7 +19,12 @@
 #              with the SmolLM2 pieces carried too, STAGES="devpos heldout4" adds SmolLM2's heldout4 cells (4x, 8x);
 #              2026-12-06 late (fifth round) ran STAGES="se heldout4 devpos" with GEMMA_SE=se:4096 SMOL_SE=se:1024 until
 #              the device time ran out (se whole, heldout4 12 trials of SmolLM2's, devpos none), so the next session runs
-#              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4" (the committed trials are skipped)
+#              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4" (the committed trials are skipped);
+#              2026-12-07 got no machine (every start failed; the 30 minutes went to them) and wrote down heldout5 (a
+#              text no run has read; its ceilings checked on the CPU), so the next session runs, gemma-3 alone,
+#              GEMMA_ONLY=1 GEMMA_DEV="<the default below>" STAGES="devpos heldout5g", or with
+#              the SmolLM2 pieces carried STAGES="devpos+smolheldout4 heldout5" (run.py choose never picks `auto`: a
+#              setting that moves with -c and the slot count cannot be a default, item 2 of issue L)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -38,7 +43,7 @@ REPO=$(pwd)
 BIN=~/llb/build/bin
 GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:auto}
+GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:pos,dca:16384:2048:pos}
 GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}

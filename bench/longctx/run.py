@@ -263,7 +263,13 @@ def cmd_ppl(a: argparse.Namespace) -> int:
 
 def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> tuple[str, str]:
     """(the chosen method, why): dcaforge.gate.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the set's
-    passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2."""
+    passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2. A
+    candidate with the former temperature rule (``:auto``) is measured but never chosen: it scales by n_ctx per
+    sequence, so its answer moves with ``-c`` and the slot count, which a default may not (issue L, item 2)."""
+    dropped = [m for m in methods if m.endswith(":auto")]
+    methods = [m for m in methods if m not in dropped]
+    if not methods:
+        raise SystemExit(f"choose: only ':auto' candidates in {dropped}: a default may not depend on -c or the slot count")
     scores = {m: longctx.Score() for m in methods}
     ppl: dict[str, list[float]] = {m: [] for m in methods}
     for r in unique(records(dirs, "passkey.jsonl"), trial_key):
@@ -276,7 +282,7 @@ def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> t
         c = longctx.choose(scores, ppl, methods, slack=longctx.SLACK)
     except ValueError:
         raise SystemExit(f"choose: no {set_name} trials of {model} for {methods}") from None
-    return c.pick, c.why
+    return c.pick, c.why + (f" (not a default, so not chosen: {', '.join(dropped)})" if dropped else "")
 
 
 def report(dirs: list[Path]) -> str:

@@ -348,3 +348,27 @@ def test_heldout5_is_cccl_cpp_pinned_and_new_in_every_axis(tmp_path):
     assert "namespace cub" in text and "_CCCL_" in text and "llama" not in text.lower()
     assert not longctx.NEEDLE_WORDS.search(text) and len(text) <= longctx.CODE_TEXT_CHARS
     assert longctx.sha256_text(text) == h5["text"]["sha256"]
+
+
+def test_choose_never_picks_the_context_dependent_temperature(tmp_path):
+    """run.py choose measures an ``:auto`` candidate but never picks it, however it scores: its scale is a function of
+    n_ctx per sequence, so its answer would move with -c and the slot count (issue L, item 2). The reason is in the
+    choice's why; a list of nothing but ``:auto`` candidates is refused."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    def rec(method, i, ok):
+        return json.dumps({"set": "dev", "model": "gemma-3-270m", "length": "81920", "method": method, "index": i,
+                           "key": "12345", "answer": " 12345." if ok else " 1.", "ok": ok})
+
+    (tmp_path / "passkey.jsonl").write_text("\n".join([rec("dca:4096:512:auto", i, True) for i in range(20)]
+                                                      + [rec("dca:4096:512:pos", i, i < 15) for i in range(20)]
+                                                      + [rec("dca:16384:2048", i, i < 9) for i in range(20)]) + "\n")
+    methods = ["dca:4096:512:auto", "dca:4096:512:pos", "dca:16384:2048"]
+    pick, why = run.choose("dev", "gemma-3-270m", methods, [tmp_path])
+    assert pick == "dca:4096:512:pos" and "dca:4096:512:auto" in why and "not a default" in why
+    assert run.choose("dev", "gemma-3-270m", methods[1:], [tmp_path])[0] == pick
+    with pytest.raises(SystemExit, match="only ':auto' candidates"):
+        run.choose("dev", "gemma-3-270m", methods[:1], [tmp_path])
