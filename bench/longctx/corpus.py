@@ -19,7 +19,10 @@
   PyPI wheel nvidia-cuda-cccl 13.0.85 (every file under ``nvidia/cu13/include/cccl/``, sorted by path, each file once:
   the 4M characters are cub's headers and the first of libcu++'s), needle-free:
   heldout4's cells were seen by a candidate the dev rule did not pick (a double-counting bug, 2026-12-06), so a
-  choice that moves toward it is checked on a text no run has read.
+  choice that moves toward it is checked on a text no run has read,
+- held-out 6 (with ``--arrow-wheel``): Apache Arrow's and Parquet's C++ headers from the PyPI wheel pyarrow 25.0.1
+  (``pyarrow/include/**/*.h``, sorted by path, each file once), needle-free, ~3.9M characters: heldout5's gemma-3
+  ceiling on the CPU was 15/20, one short of its minimum, so a second unread text is written down beside it.
 
 The builders are dcaforge.gate.longctx's ``dev_text``, ``heldout_text`` and ``code_heldout_text`` (``dcaforge calibrate``
 uses the first and the last); this
@@ -30,7 +33,9 @@ script adds the Python 3.11 check and writes the files.
         cmeel-boost==1.90.0`: about 36 MB)
         [--cccl-wheel nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl]   (`pip
         download --no-deps nvidia-cuda-cccl==13.0.85`: about 3 MB)
-        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt, heldout5.txt) and prints their
+        [--arrow-wheel pyarrow-25.0.1-cp311-cp311-manylinux_2_28_x86_64.whl]   (`pip download --no-deps
+        pyarrow==25.0.1`: about 50 MB)
+        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt, heldout5.txt, heldout6.txt) and prints their
         sha256, which sets.yaml pins: a text that differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -103,12 +108,18 @@ def cccl_text(wheel: Path) -> str:
     return wheel_headers(wheel, "nvidia/cu13/include/cccl/", ("",), "nvidia-cuda-cccl 13.0.85")
 
 
+def arrow_text(wheel: Path) -> str:
+    """Held-out 6: Apache Arrow's and Parquet's C++ headers of the pyarrow 25.0.1 wheel (pyarrow/include/**/*.h)."""
+    return wheel_headers(wheel, "pyarrow/include/", (".h",), "pyarrow 25.0.1")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", required=True, help="a llama.cpp tree (the clean room)")
     ap.add_argument("--out", default="build/longctx")
     ap.add_argument("--boost-wheel", default="", help="cmeel-boost 1.90.0's wheel: also writes heldout4.txt")
     ap.add_argument("--cccl-wheel", default="", help="nvidia-cuda-cccl 13.0.85's wheel: also writes heldout5.txt")
+    ap.add_argument("--arrow-wheel", default="", help="pyarrow 25.0.1's wheel: also writes heldout6.txt")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +130,8 @@ def main() -> int:
         texts += (("heldout4", boost_text(Path(a.boost_wheel))),)
     if a.cccl_wheel:
         texts += (("heldout5", cccl_text(Path(a.cccl_wheel))),)
+    if a.arrow_wheel:
+        texts += (("heldout6", arrow_text(Path(a.arrow_wheel))),)
     for name, text in texts:
         (out / f"{name}.txt").write_text(text, encoding="utf-8")
         print(f"{name}: {len(text)} chars, sha256 {hashlib.sha256(text.encode()).hexdigest()}")

@@ -20,10 +20,11 @@
 #              2026-12-06 late (fifth round) ran STAGES="se heldout4 devpos" with GEMMA_SE=se:4096 SMOL_SE=se:1024 until
 #              the device time ran out (se whole, heldout4 12 trials of SmolLM2's, devpos none), so the next session runs
 #              GEMMA_DEV="<the default below>,$GEMMA_POS" STAGES="devpos heldout4" (the committed trials are skipped);
-#              2026-12-07 got no machine (every start failed; the 30 minutes went to them) and wrote down heldout5 (a
-#              text no run has read; its ceilings checked on the CPU), so the next session runs, gemma-3 alone,
-#              GEMMA_ONLY=1 GEMMA_DEV="<the default below>" STAGES="devpos heldout5g", or with
-#              the SmolLM2 pieces carried STAGES="devpos+smolheldout4 heldout5" (run.py choose never picks `auto`: a
+#              2026-12-07 got no machine (every start failed; the 30 minutes went to them) and wrote down heldout5 and
+#              heldout6 (texts no run has read; heldout5's ceilings checked on the CPU), so the next session runs,
+#              gemma-3 alone, GEMMA_ONLY=1 STAGES="devpos heldout5g heldout6g" (each held-out text's cells run only where its
+#              ceiling holds on the GPU: heldout5's gemma-3 ceiling was 15/20 on the CPU), or with the SmolLM2
+#              pieces carried STAGES="devpos+smolheldout4 heldout5 heldout6" (run.py choose never picks `auto`: a
 #              setting that moves with -c and the slot count cannot be a default, item 2 of issue L)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
@@ -209,6 +210,10 @@ heldout_gemma() { # SET G3 G6 G1M: one set's cells for gemma-3 alone: its ceilin
 stage_heldout4g() { heldout_gemma heldout4 98500 192500 1042000; } # heldout4 (Boost's C++ headers) for gemma-3 alone
 
 stage_heldout5g() { heldout_gemma heldout5 97500 193500 1038000; } # heldout5 (NVIDIA CCCL's C++) for gemma-3 alone
+
+stage_heldout6g() { heldout_gemma heldout6 99500 197000 1050000; } # heldout6 (Apache Arrow's C++) for gemma-3 alone
+
+stage_heldout6() { heldout_passkey heldout6 99500 197000 1050000 33800 64800; } # both models
 
 # gemma's held-out perplexity: two windows of 98304 tokens need ~791k characters of the prose (600k gave 149k tokens:
 # llama-perplexity refused, 2026-12-06)

@@ -129,7 +129,7 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
                                                ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4")),
-                                               ("cpu-results", ("heldout3", "heldout4"))])
+                                               ("cpu-results", ("heldout3", "heldout4", "heldout5"))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
@@ -311,43 +311,47 @@ def test_heldout4_is_boost_cpp_pinned_and_refuses_another_wheel(tmp_path):
     assert longctx.sha256_text(text) == h4["text"]["sha256"]
 
 
-def test_heldout5_is_cccl_cpp_pinned_and_new_in_every_axis(tmp_path):
-    """heldout5 (corpus.py --cccl-wheel): NVIDIA CCCL 13.0's headers, C++ that is neither llama.cpp's nor Boost's,
-    needle-free, the text sets.yaml pins; it shares no seed, length, inside length or text with any earlier set (it
-    was written down before any run of it); a file that is not a wheel, or a wheel without the headers, is refused
-    naming it."""
+@pytest.mark.parametrize("name, builder, pattern, marker", [
+    ("heldout5", "cccl_text", "nvidia_cuda_cccl-13.0.85-*.whl", "namespace cub"),
+    ("heldout6", "arrow_text", "pyarrow-25.0.1-*.whl", "namespace arrow")])
+def test_unread_heldout_sets_are_pinned_and_new_in_every_axis(tmp_path, name, builder, pattern, marker):
+    """heldout5 (corpus.py --cccl-wheel: NVIDIA CCCL 13.0's C++ headers) and heldout6 (--arrow-wheel: Apache Arrow's
+    and Parquet's), written down before any run of them: each shares no seed, length, inside length or text with any
+    other set, has a 30x+ cell for gemma-3, is needle-free and is the text sets.yaml pins; a file that is not a wheel,
+    or a wheel without the headers, is refused naming it."""
     import zipfile
 
     sys.path.insert(0, str(REPO / "bench" / "longctx"))
     import corpus
 
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
-    h5 = sets["heldout5"]
-    assert h5["text"]["file"] == "heldout5.txt" and h5["ceiling_min"] >= 0.8 * h5["trials"] and h5["trials"] >= 20
-    for name, other in sets.items():
-        if name == "heldout5":
+    h = sets[name]
+    assert h["text"]["file"] == f"{name}.txt" and h["ceiling_min"] >= 0.8 * h["trials"] and h["trials"] >= 20
+    for other_name, other in sets.items():
+        if other_name == name:
             continue
-        assert other["seed"] != h5["seed"] and other["text"]["sha256"] != h5["text"]["sha256"], name
-        for model, cell in h5["cells"].items():
-            assert not set(cell["lengths"]) & set(other["cells"][model]["lengths"]), (name, model)
-            assert cell["inside"] != other["cells"][model]["inside"], (name, model)
-    assert max(h5["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768          # the 30x+ cell
+        assert other["seed"] != h["seed"] and other["text"]["sha256"] != h["text"]["sha256"], other_name
+        for model, cell in h["cells"].items():
+            assert not set(cell["lengths"]) & set(other["cells"][model]["lengths"]), (other_name, model)
+            assert cell["inside"] != other["cells"][model]["inside"], (other_name, model)
+    assert max(h["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768          # the 30x+ cell
+    build = getattr(corpus, builder)
     bad = tmp_path / "x.whl"
     bad.write_bytes(b"not a zip")
     with pytest.raises(SystemExit, match="x.whl: not a readable wheel"):
-        corpus.cccl_text(bad)
+        build(bad)
     empty = tmp_path / "empty.whl"
     with zipfile.ZipFile(empty, "w") as zf:
-        zf.writestr("nvidia/cu13/lib/libx.so", b"")
-    with pytest.raises(SystemExit, match="empty.whl: no nvidia/cu13/include/cccl/"):
-        corpus.cccl_text(empty)
-    wheel = _wheel("nvidia_cuda_cccl-13.0.85-*.whl")
+        zf.writestr("lib/libx.so", b"")
+    with pytest.raises(SystemExit, match="empty.whl: no .*include/.* headers in it"):
+        build(empty)
+    wheel = _wheel(pattern)
     if wheel is None:
-        pytest.skip("nvidia-cuda-cccl 13.0.85's wheel is not in this machine's package mirror")
-    text = corpus.cccl_text(wheel)
-    assert "namespace cub" in text and "_CCCL_" in text and "llama" not in text.lower()
+        pytest.skip(f"{pattern} is not in this machine's package mirror")
+    text = build(wheel)
+    assert marker in text and "llama" not in text.lower()
     assert not longctx.NEEDLE_WORDS.search(text) and len(text) <= longctx.CODE_TEXT_CHARS
-    assert longctx.sha256_text(text) == h5["text"]["sha256"]
+    assert longctx.sha256_text(text) == h["text"]["sha256"]
 
 
 def test_choose_never_picks_the_context_dependent_temperature(tmp_path):
