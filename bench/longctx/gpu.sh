@@ -187,7 +187,7 @@ stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 a
 stage_heldout4() { heldout_passkey heldout4 98500 192500 1042000 32800 65200; } # both models (SmolLM2's CPU ceiling: 20/20)
 
 stage_smolheldout4() { # SmolLM2's heldout4 cells alone (its dev choice, --dca on alone, YaRN at 4x and 8x, plain): they wait
-    # on no gemma-3 choice, so they can run beside gemma's dev stages (STAGES="devpos+smolheldout4 heldout4g")
+    # on no gemma-3 choice, so they can run beside gemma's dev stages (STAGES="devpos+smolheldout4 heldout5 heldout6")
     local S; S=$(choose smollm2-135m $SMOL_DEV); echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
     $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set heldout4 --model smollm2-135m --methods $S,dca,yarn --lengths 32800,65200 --jobs 3 "${COMMON[@]}"
@@ -200,7 +200,7 @@ heldout_gemma() { # SET G3 G6 G1M: one set's cells for gemma-3 alone: its ceilin
     # set whose ceiling fails), then the dev choice beside --dca on alone and YaRN at ~3x and ~6x, and the dev choice's
     # 3 trials at 1M beside them; SmolLM2's cells wait for a run that carries its pieces
     local set=$1 G; G=$(choose gemma-3-270m $GEMMA_DEV); echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt
-    $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}" || return
+    $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set $set --model gemma-3-270m --methods $G --lengths $4 "${COMMON[@]}" > ~/lc/out/$set-1m.log 2>&1 &
     local one_m=$!
     $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $2,$3 --jobs 3 "${COMMON[@]}"
@@ -232,7 +232,7 @@ stage_speed() { speed "$(choose smollm2-135m $SMOL_DEV)"; }
 
 pipeline() { # $STAGES (default: dev heldout ppl speed), each once the build and both models are there (only gemma-3
     # with GEMMA_ONLY=1, for stages that run no SmolLM2 cell: devlong, devpos, devtextrest, devdefault, heldout4g,
-    # heldout5g; saves three carries)
+    # heldout5g, heldout6g; saves three carries)
     local t0=$SECONDS st smol=~/model/smollm2-135m-instruct-q4_1.gguf
     [ "${GEMMA_ONLY:-0}" = 1 ] && smol=~/model/gemma3-270m-q4_k_m.gguf
     until [ -f ~/llb/build.rc ] && [ -f ~/model/gemma3-270m-q4_k_m.gguf ] && [ -f $smol ]; do
