@@ -150,19 +150,24 @@ choose() { # model methods: the dev choice over this run's results and the commi
 heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py stops a model whose ceiling fails), then
     # the dev choice beside the uncalibrated default (dca), YaRN and plain (10 trials: it has answered 0 at every
     # extension length so far); gemma-3 first (the issue's headline cells), its 1M cell beside the others, SmolLM2 last
-    local set=$1 G S
-    G=$(choose gemma-3-270m $GEMMA_DEV); S=$(choose smollm2-135m $SMOL_DEV)
-    echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt; echo "smollm2-135m: $S" >> ~/lc/out/choice.txt; cat ~/lc/out/choice.txt
+    local set=$1 G
+    G=$(choose gemma-3-270m $GEMMA_DEV); echo "gemma-3-270m: $G" >> ~/lc/out/choice.txt
     $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
     $RUN passkey --set $set --model gemma-3-270m --methods $G --lengths $4 "${COMMON[@]}" > ~/lc/out/$set-1m.log 2>&1 &
     local one_m=$!
     $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $2 --jobs 3 "${COMMON[@]}"
     $RUN passkey --set $set --model gemma-3-270m --methods $G,dca,yarn --lengths $3 --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set $set --model smollm2-135m --methods $S,dca,yarn --lengths $5,$6 --jobs 3 "${COMMON[@]}"
+    heldout_smol $set $5 $6
     $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths $2 --trials 10 "${COMMON[@]}"
-    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths $5,$6 --trials 10 --jobs 2 "${COMMON[@]}"
     wait $one_m
+}
+
+heldout_smol() { # SET S4 S8: one set's SmolLM2 cells: its ceiling, then its dev choice beside --dca on alone and YaRN,
+    # and plain (10 trials); they wait on no gemma-3 choice, so they can run beside gemma's dev stages
+    local set=$1 S; S=$(choose smollm2-135m $SMOL_DEV); echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
+    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods $S,dca,yarn --lengths $2,$3 --jobs 3 "${COMMON[@]}"
+    $RUN passkey --set $set --model smollm2-135m --methods plain --lengths $2,$3 --trials 10 --jobs 2 "${COMMON[@]}"
 }
 
 stage_heldout() { heldout_passkey heldout 98000 196000 1040000 32500 65000; }
@@ -186,13 +191,7 @@ stage_devtextrest() { # devtext's cells that 2026-12-06 did not reach: gemma-3 a
 
 stage_heldout4() { heldout_passkey heldout4 98500 192500 1042000 32800 65200; } # both models (SmolLM2's CPU ceiling: 20/20)
 
-stage_smolheldout4() { # SmolLM2's heldout4 cells alone (its dev choice, --dca on alone, YaRN at 4x and 8x, plain): they wait
-    # on no gemma-3 choice, so they can run beside gemma's dev stages (STAGES="devpos+smolheldout4 heldout5 heldout6")
-    local S; S=$(choose smollm2-135m $SMOL_DEV); echo "smollm2-135m: $S" >> ~/lc/out/choice.txt
-    $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set heldout4 --model smollm2-135m --methods $S,dca,yarn --lengths 32800,65200 --jobs 3 "${COMMON[@]}"
-    $RUN passkey --set heldout4 --model smollm2-135m --methods plain --lengths 32800,65200 --trials 10 --jobs 2 "${COMMON[@]}"
-}
+stage_smolheldout4() { heldout_smol heldout4 32800 65200; } # SmolLM2's heldout4 cells alone (STAGES="devpos+smolheldout4 ...")
 
 stage_heldout5() { heldout_passkey heldout5 97500 193500 1038000 33200 65800; } # NVIDIA CCCL's C++ (sets.yaml), both models
 
