@@ -3,6 +3,9 @@
 - dev: C++ and C source of llama.cpp (``src/*.cpp`` but the feature's ``llama-dca*.cpp``, then ``ggml/src/*.c``,
   sorted by name) as upstream has them at the sdist the default config pins: of a clean room, its baseline
   (the ``dcaforge/baseline`` tag, before the feature's hooks, which change with the templates),
+- devfar (the 30x dev cell's text): llama.cpp's own C, C++ and CUDA source that the dev text leaves out, of the same
+  baseline (every file but ``src/*.cpp``, ``ggml/src/*.c`` and ``vendor/``, sorted by path), needle-free, 4M characters:
+  the dev text is 2.4M characters and would wrap around at 1M tokens (``devfar_text``),
 - held-out: English prose, Python 3.11's own documentation: ``pydoc_data.topics`` (the language reference, as
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once,
@@ -35,7 +38,7 @@ script adds the Python 3.11 check and writes the files.
         download --no-deps nvidia-cuda-cccl==13.0.85`: about 3 MB)
         [--arrow-wheel pyarrow-25.0.1-cp311-cp311-manylinux_2_28_x86_64.whl]   (`pip download --no-deps
         pyarrow==25.0.1`: about 50 MB)
-        writes build/longctx/dev.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4.txt, heldout5.txt, heldout6.txt) and prints their
+        writes build/longctx/dev.txt, devfar.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4-6.txt) and prints their
         sha256, which sets.yaml pins: a text that differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -67,6 +70,36 @@ def dev_text(tree: Path) -> str:
         return longctx.dev_text(tree)
     except ValueError as exc:
         raise SystemExit(f"{exc} (give a llama.cpp tree with --tree)") from None
+
+
+DEVFAR_SUFFIXES = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh")
+
+
+def devfar_text(tree: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
+    """The 30x dev cell's text (sets.yaml `devfar`): llama.cpp's own C, C++ and CUDA source like the dev text, but the
+    files the dev text leaves out (everything but src/*.cpp, ggml/src/*.c and the third-party vendor/), of the clean
+    room's baseline, sorted by path, needle-free, at most ``limit`` characters: the dev text wraps around at 1M tokens
+    (2.4M characters), a cell there would read the same code twice."""
+    import subprocess
+
+    if not (tree / ".git").exists():
+        raise SystemExit(f"{tree}: not a clean room (the devfar text is read from its dcaforge/baseline)")
+    ls = subprocess.run(["git", "-C", str(tree), "ls-tree", "-r", "-z", "--name-only", "dcaforge/baseline"],
+                        capture_output=True, check=False)
+    if ls.returncode != 0:
+        raise SystemExit(f"{tree}: no dcaforge/baseline to read ({ls.stderr.decode().strip()})")
+    names = sorted(n for n in ls.stdout.decode("utf-8", errors="replace").split("\0")
+                   if n.endswith(DEVFAR_SUFFIXES) and not n.startswith("vendor/")
+                   and not (n.count("/") == 1 and n.startswith("src/") and n.endswith(".cpp"))
+                   and not (n.count("/") == 2 and n.startswith("ggml/src/") and n.endswith(".c")))
+
+    def paragraphs():
+        for name in names:
+            blob = subprocess.run(["git", "-C", str(tree), "show", f"dcaforge/baseline:{name}"], capture_output=True,
+                                  check=True).stdout.decode("utf-8", errors="replace")
+            yield from longctx.needle_free(blob).split("\n\n")
+
+    return longctx.capped_paragraphs(paragraphs(), limit)
 
 
 def heldout_text() -> str:
@@ -125,8 +158,9 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = heldout_text()
-    texts = (("dev", dev_text(Path(a.tree))), ("heldout", held), ("heldout2", longctx.needle_free(held)),
-             ("heldout3", longctx.code_heldout_text()))
+    tree = Path(a.tree)
+    texts: tuple[tuple[str, str], ...] = (("dev", dev_text(tree)), ("devfar", devfar_text(tree)), ("heldout", held),
+                                          ("heldout2", longctx.needle_free(held)), ("heldout3", longctx.code_heldout_text()))
     if a.boost_wheel:
         texts += (("heldout4", boost_text(Path(a.boost_wheel))),)
     if a.cccl_wheel:

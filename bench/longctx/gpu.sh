@@ -46,6 +46,8 @@ GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:pos,dca:16384:2048:pos}
 GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
+GEMMA_FAR=${GEMMA_FAR:-dca:16384:2048,dca:4096:512:pos}   # devfar's 1M dev cell: the dev choice and its challenger
+DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar once devfar's cell has run: GEMMA_DEV=$GEMMA_FAR then)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
@@ -77,10 +79,12 @@ step_build_bg() {
     echo "build started"
 }
 
-speed() { # rounds
-    local smol=~/model/smollm2-135m-instruct-q4_1.gguf chosen=$1 r
-    local dca; dca=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench/longctx'); import run; print(' '.join(run.method_args('$chosen', 65600, 8192)))")
-    for r in 1 2; do
+speed() { # CHOSEN: SmolLM2's DCA setting (a run.py method); $ROUNDS rounds (default "1 2"), plain then DCA in each
+    local smol=~/model/smollm2-135m-instruct-q4_1.gguf chosen=$1 r dca
+    # no DCA arguments (an empty or unknown method: choose failed) would time plain twice and label one of them dca
+    dca=$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench/longctx'); import run; print(' '.join(run.method_args('$chosen', 65600, 8192)))") &&
+        [[ " $dca " == *" --dca on "* ]] || { echo "speed: no DCA arguments for '$chosen'; nothing timed" >&2; return 1; }
+    for r in ${ROUNDS:-1 2}; do
         for m in plain dca; do
             local extra=""; [ $m = dca ] && extra=$dca
             $BIN/llama-batched-bench -m $smol -c 65792 -b 2048 -ub 512 -npp 32768,65536 -ntg 128 -npl 1 -ngl 99 -fa on \
@@ -110,6 +114,12 @@ stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-
     # 5x dev cell found 13/20 for 4096 / 512 with the former temperature (auto) against 7/20 without (fourth round)
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_POS --lengths 81920,163840 --jobs 2 "${COMMON[@]}"
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_POS --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
+stage_devfar() { # gemma-3's dev cell at ~30x (sets.yaml devfar, 985,000 tokens, 10 trials) for $GEMMA_FAR: every 1M
+    # answer so far is held-out, so no default has been chosen for the headline length; its ceiling first
+    $RUN passkey --set devfar --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    $RUN passkey --set devfar --model gemma-3-270m --methods $GEMMA_FAR --lengths 985000 --jobs 2 "${COMMON[@]}"
 }
 
 stage_se() { # Self-Extend (--dca-self-extend, the issue's baseline row) on heldout4, beside the DCA, YaRN and plain rows there
@@ -144,7 +154,7 @@ stage_devppl() { # gemma's dev perplexities, which the 2026-12-05 dev stage lost
 }
 
 choose() { # model methods: the dev choice over this run's results and the committed ones (bench/longctx/dev-results)
-    $RUN choose --set dev --model "$1" --methods "$2" ~/lc/out "$REPO/bench/longctx/dev-results" 2>>~/lc/out/choice.txt
+    $RUN choose --set "$DEV_SETS" --model "$1" --methods "$2" ~/lc/out "$REPO/bench/longctx/dev-results" 2>>~/lc/out/choice.txt
 }
 
 heldout_passkey() { # SET G3 G6 G1M S4 S8: each model's ceiling first (run.py stops a model whose ceiling fails), then

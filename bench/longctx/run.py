@@ -8,9 +8,10 @@ llama.cpp build (llama-server, llama-perplexity) and the models; no clean room n
         ok) and skips trials already there, so a run cut short goes on where it stopped
     python bench/longctx/run.py ppl --set heldout --model smollm2-135m --methods plain,dca:4096:512 ... [--ctx N]
         llama-perplexity over every window of the set's text at each of the set's contexts: DIR/ppl.jsonl
-    python bench/longctx/run.py choose --set dev --model M --methods A,B,C DIR
+    python bench/longctx/run.py choose --set dev[,devfar] --model M --methods A,B,C DIR [DIR ...]
         the dev set's choice among the methods (written down before any run): the most exact answers over the dev
-        cells; among those within 2 of the best (10% of 20 trials), the lowest mean dev perplexity; then the larger S
+        cells (the trials every candidate answered); among those within 2 of the best (10% of 20 trials), the lowest
+        mean dev perplexity; then the larger S
     python bench/longctx/run.py merge FROM.jsonl INTO.jsonl [--sets dev,...]
         appends to INTO the trials of FROM it lacks (a device run's passkey.jsonl starts from the committed held-out
         trials), only those of the given sets with --sets (dev trials go to dev-results/, the others to
@@ -140,14 +141,19 @@ def corpus_for(srv: LlamaServer, set_name: str, model: str, texts: Path, cache: 
         return c
 
 
+def cell_trials(set_name: str, length: int, override: int = 0) -> int:
+    """Trials of a cell: ``override`` (--trials) when given, else the set's ``trials``, or for a 1M-class cell (>= 500,000
+    tokens, a minute or more a trial) its ``far_trials`` (3 where the set names none)."""
+    s = SETS["sets"][set_name]
+    return override or (int(s.get("far_trials", 3)) if length >= 500_000 else int(s["trials"]))
+
+
 def run_cell(a: argparse.Namespace, method: str, length: int, label: str) -> None:
     s = SETS["sets"][a.set]
     m = SETS["models"][a.model]
     out = Path(a.out)
     jsonl = out / "passkey.jsonl"
-    n = a.trials or s["trials"]
-    if length >= 500_000 and not a.trials:
-        n = 3
+    n = cell_trials(a.set, length, a.trials)
     todo = [t for t in longctx.trials(a.set, s["seed"], length, n, tuple(s["depth"]))
             if (a.set, a.model, str(label), method, str(t.index)) not in done_keys(jsonl)]
     if not todo:
@@ -262,27 +268,42 @@ def cmd_ppl(a: argparse.Namespace) -> int:
 
 
 def choose(set_name: str, model: str, methods: list[str], dirs: list[Path]) -> tuple[str, str]:
-    """(the chosen method, why): dcaforge.gate.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the set's
-    passkey answers (every length but ``inside``) and perplexities in ``dirs``, with the protocol's slack of 2. A
-    candidate with the former temperature rule (``:auto``) is measured but never chosen: it scales by n_ctx per
-    sequence, so its answer moves with ``-c`` and the slot count, which a default may not (issue L, item 2)."""
+    """(the chosen method, why): dcaforge.gate.longctx.choose (the rule ``dcaforge calibrate`` uses too) over the
+    passkey answers of ``set_name`` (one set, or several joined by commas: dev,devfar; every length but ``inside``)
+    and its perplexities in ``dirs``, with the protocol's slack of 2. Paired: only the trials (set, length, index)
+    that every candidate with any trial has answered are counted, so a candidate run on a cell the others were not
+    (devfar's 1M cell holds two of them) cannot win or lose by its number of trials. A candidate with the former
+    temperature rule (``:auto``) is measured but never chosen: it scales by n_ctx per sequence, so its answer moves
+    with ``-c`` and the slot count, which a default may not (issue L, item 2)."""
+    sets = set_name.split(",")
+    unknown = [x for x in sets if x not in SETS["sets"]]
+    if unknown:
+        raise SystemExit(f"choose --set: no set {', '.join(unknown)} in sets.yaml (there: {', '.join(sorted(SETS['sets']))})")
     dropped = [m for m in methods if m.endswith(":auto")]
     methods = [m for m in methods if m not in dropped]
     if not methods:
         raise SystemExit(f"choose: only ':auto' candidates in {dropped}: a default may not depend on -c or the slot count")
-    scores = {m: longctx.Score() for m in methods}
-    ppl: dict[str, list[float]] = {m: [] for m in methods}
+    answers: dict[str, dict[tuple[str, str, str], bool]] = {m: {} for m in methods}
     for r in unique(records(dirs, "passkey.jsonl"), trial_key):
-        if r["set"] == set_name and r["model"] == model and r["method"] in scores and r["length"] != "inside":
-            scores[r["method"]].add(bool(r["ok"]))
+        if r["set"] in sets and r["model"] == model and r["method"] in answers and r["length"] != "inside":
+            answers[r["method"]][(r["set"], str(r["length"]), str(r["index"]))] = bool(r["ok"])
+    ran = [a for a in answers.values() if a]
+    common = set.intersection(*(set(a) for a in ran)) if ran else set()
+    scores = {m: longctx.Score() for m in methods}
+    for m, a in answers.items():
+        for t in sorted(common) if a else ():
+            scores[m].add(a[t])
+    left_out = len({t for a in ran for t in a} - common)
+    ppl: dict[str, list[float]] = {m: [] for m in methods}
     for r in unique(records(dirs, "ppl.jsonl"), ppl_key):
-        if r["set"] == set_name and r["model"] == model and r["method"] in ppl and r["ppl"]:
+        if r["set"] in sets and r["model"] == model and r["method"] in ppl and r["ppl"]:
             ppl[r["method"]].append(float(r["ppl"]))
     try:
         c = longctx.choose(scores, ppl, methods, slack=longctx.SLACK)
     except ValueError:
-        raise SystemExit(f"choose: no {set_name} trials of {model} for {methods}") from None
-    return c.pick, c.why + (f" (not a default, so not chosen: {', '.join(dropped)})" if dropped else "")
+        raise SystemExit(f"choose: no {set_name} trials of {model} for {methods} that every one of them answered") from None
+    return c.pick, (c.why + (f" (not a default, so not chosen: {', '.join(dropped)})" if dropped else "")
+                    + (f" ({left_out} trials not answered by every candidate left out)" if left_out else ""))
 
 
 def report(dirs: list[Path]) -> str:
@@ -334,7 +355,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             p.add_argument("--ctx", default="")
             p.add_argument("--chars", type=int, default=1_200_000)
     p = sub.add_parser("choose")
-    p.add_argument("--set", required=True, choices=sorted(SETS["sets"]))
+    p.add_argument("--set", required=True, help="a set of sets.yaml, or several joined by commas (dev,devfar)")
     p.add_argument("--model", required=True, choices=sorted(SETS["models"]))
     p.add_argument("--methods", required=True)
     p.add_argument("dirs", nargs="+")

@@ -525,3 +525,34 @@ def test_longctx_pipeline_starts_from_the_committed_trials(tmp_path: Path) -> No
     (home / "llb" / "build.rc").write_text("2\n")
     r = pipeline()
     assert "build failed" in r.stdout and "== probe" not in r.stdout
+
+
+def test_longctx_speed_times_dca_only_with_its_arguments(tmp_path: Path) -> None:
+    """gpu.sh's speed step, with the real bash and run.py and a stand-in llama-batched-bench that records its arguments:
+    with the chosen setting the dca rounds pass --dca on and its sizes and the plain rounds none; with an empty or unknown
+    setting (a failed choice) it times nothing and says so, rather than timing plain twice with one row labelled dca
+    (what an ad hoc call did on the device on 2026-12-07)."""
+    home = tmp_path / "home"
+    bindir = home / "llb" / "build" / "bin"
+    bindir.mkdir(parents=True)
+    (home / "lc" / "out").mkdir(parents=True)
+    bench = bindir / "llama-batched-bench"
+    bench.write_text('#!/bin/bash\necho "$*" >> "$HOME/calls"\necho "| 32768 |    128 |    1 |  32896 |    0.9 | 35000.00 |"\n')
+    bench.chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+
+    def speed(chosen: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; ROUNDS=7 speed "{chosen}"'], cwd=ROOT, env=env,
+                              check=False, capture_output=True, text=True, timeout=60)
+
+    for bad in ("", "dca:6144"):
+        r = speed(bad)
+        assert r.returncode == 1 and f"no DCA arguments for '{bad}'" in r.stderr, r.stdout + r.stderr
+        assert not (home / "calls").exists() and not (home / "lc" / "out" / "speed.txt").exists()
+    r = speed("dca:6144:1024")
+    assert r.returncode == 0, r.stdout + r.stderr
+    plain, dca = (home / "calls").read_text().splitlines()
+    assert "--dca" not in plain and "-npp 32768,65536" in plain
+    assert dca.startswith(plain) and dca.endswith("--dca on --dca-chunk-size 6144 --dca-local-size 1024 --dca-yarn-factor 0")
+    rows = (home / "lc" / "out" / "speed.txt").read_text().splitlines()
+    assert [row.split(" |")[0] for row in rows] == ["plain r7", "dca r7"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 
 
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
-                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4")),
+                                               ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4",
+                                                                   "heldout5", "heldout6")),
                                                ("cpu-results", ("heldout3", "heldout4", "heldout5"))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
@@ -146,8 +148,8 @@ def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names
         st = sets[set_name]
         n = int(st["cells"][r["model"]]["inside"]) if r["length"] == "inside" else int(r["length"])
         if (set_name, n, r["index"]) not in keys:
-            count = 3 if n >= 500_000 else st["trials"]
-            keys[(set_name, n, r["index"])] = longctx.trials(set_name, st["seed"], n, count)[r["index"]].key
+            assert r["index"] < (st.get("far_trials", 3) if n >= 500_000 else st["trials"]), r
+            keys[(set_name, n, r["index"])] = longctx.trials(set_name, st["seed"], n, r["index"] + 1)[r["index"]].key
         assert r["key"] == keys[(set_name, n, r["index"])], r
         assert r["tokens"] == n
         assert r["ok"] == longctx.passed(r["key"], r["answer"]), r
@@ -181,8 +183,9 @@ def test_heldout3_is_code_that_is_not_the_dev_text_and_every_set_has_its_own_len
     assert len(seeds) == len(set(seeds))
     for model in h3["cells"]:
         seen: list[int] = []
-        for st in sets.values():
-            seen += [st["cells"][model]["inside"], *st["cells"][model]["lengths"]]
+        for st in sets.values():   # devfar has gemma-3's cells only
+            if model in st["cells"]:
+                seen += [st["cells"][model]["inside"], *st["cells"][model]["lengths"]]
         assert len(seen) == len(set(seen)), (model, seen)
     text = longctx.code_heldout_text(200_000)
     assert 190_000 < len(text) <= 200_000 and "def " in text and "llama" not in text.lower()
@@ -333,6 +336,8 @@ def test_unread_heldout_sets_are_pinned_and_new_in_every_axis(tmp_path, name, bu
             continue
         assert other["seed"] != h["seed"] and other["text"]["sha256"] != h["text"]["sha256"], other_name
         for model, cell in h["cells"].items():
+            if model not in other["cells"]:
+                continue
             assert not set(cell["lengths"]) & set(other["cells"][model]["lengths"]), (other_name, model)
             assert cell["inside"] != other["cells"][model]["inside"], (other_name, model)
     assert max(h["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768          # the 30x+ cell
@@ -377,3 +382,86 @@ def test_choose_never_picks_the_context_dependent_temperature(tmp_path):
     assert run.choose("dev", "gemma-3-270m", methods[1:], [tmp_path])[0] == pick
     with pytest.raises(SystemExit, match="only ':auto' candidates"):
         run.choose("dev", "gemma-3-270m", methods[:1], [tmp_path])
+
+
+def test_choose_counts_only_the_trials_every_candidate_answered(tmp_path):
+    """run.py choose over dev,devfar: a candidate run on a cell the others were not (devfar's 1M cell holds two of the
+    candidates) neither wins nor loses by its number of trials: only the (set, length, index) trials every candidate
+    with any trial answered count, and the why says how many were left out. Two candidates of such a cell are compared
+    over it too; an unknown set is refused naming the ones there."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    def rec(set_name, length, method, i, ok):
+        return json.dumps({"set": set_name, "model": "gemma-3-270m", "length": str(length), "method": method,
+                           "index": i, "key": "12345", "answer": " 12345." if ok else " 1.", "ok": ok})
+
+    lines = [rec("dev", 81920, m, i, i < k) for m, k in (("dca:16384:2048", 16), ("dca:4096:512:pos", 14),
+                                                             ("dca:8192:1024", 15)) for i in range(20)]
+    # devfar's 1M cell: the two candidates it was written for, 10 trials each
+    lines += [rec("devfar", 985000, "dca:16384:2048", i, i < 1) for i in range(10)]
+    lines += [rec("devfar", 985000, "dca:4096:512:pos", i, i < 9) for i in range(10)]
+    (tmp_path / "passkey.jsonl").write_text("\n".join(lines) + "\n")
+    three = ["dca:16384:2048", "dca:4096:512:pos", "dca:8192:1024"]
+    pick, why = run.choose("dev,devfar", "gemma-3-270m", three, [tmp_path])
+    # unpaired, 4096/512 pos would have 23 answers against 17 and 15; paired, the 1M cell drops out for all three
+    assert pick == "dca:16384:2048" and "dca:4096:512:pos 14/20" in why and "(10 trials not answered by every candidate left out)" in why
+    pick, why = run.choose("dev,devfar", "gemma-3-270m", three[:2], [tmp_path])
+    assert pick == "dca:4096:512:pos" and "dca:4096:512:pos 23/30" in why and "dca:16384:2048 17/30" in why
+    assert "left out" not in why
+    assert run.choose("dev", "gemma-3-270m", three[:2], [tmp_path])[0] == "dca:16384:2048"   # dev alone
+    with pytest.raises(SystemExit, match="no set devfr in sets.yaml"):
+        run.choose("dev,devfr", "gemma-3-270m", three, [tmp_path])
+
+
+def test_a_1m_cell_runs_its_sets_far_trials():
+    """run.py's trials per cell: the set's ``trials``; a cell of 500,000 tokens or more its ``far_trials`` (devfar: 10,
+    its 30x dev cell) or 3 where the set names none (the held-out sets' 1M cells); --trials overrides both."""
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import run
+
+    assert run.cell_trials("devfar", 985000) == 10 and run.cell_trials("devfar", 29600) == 20
+    assert run.cell_trials("heldout5", 1038000) == 3 and run.cell_trials("heldout5", 97500) == 20
+    assert run.cell_trials("heldout5", 1038000, 5) == 5
+
+
+def test_the_devfar_text_is_llama_cpps_code_the_dev_text_leaves_out(tmp_path):
+    """corpus.py devfar_text: from a clean room's dcaforge/baseline (not its work tree, which carries the feature's
+    hooks), every C, C++ and CUDA file but the dev text's (src/*.cpp, ggml/src/*.c) and vendor/'s, sorted by path,
+    needle-free, capped at whole paragraphs; a tree that is not a clean room, or has no baseline, is refused by name.
+    sets.yaml's devfar: gemma-3 only, a 30x cell, new seed and lengths, 10 trials at 1M."""
+    sys.path.insert(0, str(REPO / "bench" / "longctx"))
+    import corpus
+
+    room = tmp_path / "room"
+    files = {"src/llama.cpp": "int dev_text_only;", "ggml/src/ggml.c": "int dev_c_only;",
+             "src/models/gemma3.cpp": "int model_graph;", "ggml/src/ggml-cuda/fattn.cu": "__global__ void k();",
+             "common/arg.cpp": "int arg_parse;\n\nint pass_key_here;\n\nint after;", "vendor/json.hpp": "int vendored;",
+             "README.md": "prose", "ggml/include/ggml.h": "struct ggml_tensor;"}
+    for name, text in files.items():
+        (room / name).parent.mkdir(parents=True, exist_ok=True)
+        (room / name).write_text(text)
+    def git(*args):
+        subprocess.run(["git", "-C", str(room), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "baseline")
+    with pytest.raises(SystemExit, match="no dcaforge/baseline to read"):
+        corpus.devfar_text(room)
+    git("branch", "dcaforge/baseline")
+    (room / "common" / "arg.cpp").write_text("int hooked_by_0078;")   # the work tree is not read
+    text = corpus.devfar_text(room)
+    assert text.split("\n\n") == ["int arg_parse;", "int after;", "struct ggml_tensor;", "__global__ void k();",
+                                  "int model_graph;"]
+    assert corpus.devfar_text(room, limit=40).split("\n\n") == ["int arg_parse;", "int after;"]
+    with pytest.raises(SystemExit, match="not a clean room"):
+        corpus.devfar_text(tmp_path)
+    sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
+    far = sets["devfar"]
+    assert list(far["cells"]) == ["gemma-3-270m"] and far["far_trials"] >= 10 and far["text"]["file"] == "devfar.txt"
+    assert min(far["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768
+    assert all(far["seed"] != st["seed"] for name, st in sets.items() if name != "devfar")
