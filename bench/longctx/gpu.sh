@@ -25,7 +25,14 @@
 #              gemma-3 alone, GEMMA_ONLY=1 STAGES="devpos heldout5g heldout6g" (each held-out text's cells run only where its
 #              ceiling holds on the GPU: heldout5's gemma-3 ceiling was 15/20 on the CPU), or with the SmolLM2
 #              pieces carried STAGES="devpos+smolheldout4 heldout5 heldout6" (run.py choose never picks `auto`: a
-#              setting that moves with -c and the slot count cannot be a default, item 2 of issue L)
+#              setting that moves with -c and the slot count cannot be a default, item 2 of issue L);
+#              2026-12-07 (sixth round, H200) ran those three (devpos kept 16384/2048; heldout5 judged; heldout6's
+#              gemma-3 ceiling failed) and smolheldout4 and speed by hand, so the next session runs
+#              GEMMA_ONLY=1 GEMMA_DEV=dca:16384:2048,dca:4096:512:pos DEV_SETS=dev,devfar STAGES="devfar heldout5g"
+#              (gemma-3's 30x dev cell for the dev choice and 4096/512 pos, the choice over dev and devfar, then
+#              heldout5's cells for a new choice; what is measured is skipped); on an H200 with the SmolLM2 pieces
+#              carried too, the same without GEMMA_ONLY and with ROUNDS="1 2 3 4 5" STAGES="speed devfar heldout5g"
+#              (two paired rounds could not settle DCA's prompt ratio at 32k)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
