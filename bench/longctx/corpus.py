@@ -5,7 +5,8 @@
   (the ``dcaforge/baseline`` tag, before the feature's hooks, which change with the templates),
 - devfar (the 30x dev cell's text): llama.cpp's own C, C++ and CUDA source that the dev text leaves out, of the same
   baseline (every file but ``src/*.cpp``, ``ggml/src/*.c`` and ``vendor/``, sorted by path), needle-free, 4M characters:
-  the dev text is 2.4M characters and would wrap around at 1M tokens (``devfar_text``),
+  the dev text is 2.4M characters and would wrap around at 1M tokens (``devfar_text``); devfar2: the next 4M characters
+  of the same (devfar's gemma-3 ceiling failed on the CPU),
 - held-out: English prose, Python 3.11's own documentation: ``pydoc_data.topics`` (the language reference, as
   ``help()`` shows it) then every module docstring and class/function docstring of the standard library's
   pure-Python modules (``Lib/*.py`` and ``Lib/*/__init__.py``, sorted), each paragraph once,
@@ -38,7 +39,7 @@ script adds the Python 3.11 check and writes the files.
         download --no-deps nvidia-cuda-cccl==13.0.85`: about 3 MB)
         [--arrow-wheel pyarrow-25.0.1-cp311-cp311-manylinux_2_28_x86_64.whl]   (`pip download --no-deps
         pyarrow==25.0.1`: about 50 MB)
-        writes build/longctx/dev.txt, devfar.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4-6.txt) and prints their
+        writes build/longctx/dev.txt, devfar.txt, devfar2.txt, heldout.txt, heldout2.txt, heldout3.txt (and heldout4-6.txt) and prints their
         sha256, which sets.yaml pins: a text that differs (another llama.cpp, another Python) is refused by the runner.
 """
 
@@ -75,11 +76,12 @@ def dev_text(tree: Path) -> str:
 DEVFAR_SUFFIXES = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh")
 
 
-def devfar_text(tree: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
+def devfar_text(tree: Path, limit: int = longctx.CODE_TEXT_CHARS, part: int = 1) -> str:
     """The 30x dev cell's text (sets.yaml `devfar`): llama.cpp's own C, C++ and CUDA source like the dev text, but the
     files the dev text leaves out (everything but src/*.cpp, ggml/src/*.c and the third-party vendor/), of the clean
     room's baseline, sorted by path, needle-free, at most ``limit`` characters: the dev text wraps around at 1M tokens
-    (2.4M characters), a cell there would read the same code twice."""
+    (2.4M characters), a cell there would read the same code twice. ``part`` 2 (`devfar2`) is the next ``limit``
+    characters of the same paragraphs, after the one that ended part 1."""
     import subprocess
 
     if not (tree / ".git").exists():
@@ -99,7 +101,10 @@ def devfar_text(tree: Path, limit: int = longctx.CODE_TEXT_CHARS) -> str:
                                   check=True).stdout.decode("utf-8", errors="replace")
             yield from longctx.needle_free(blob).split("\n\n")
 
-    return longctx.capped_paragraphs(paragraphs(), limit)
+    paras = paragraphs()
+    for _ in range(part - 1):
+        longctx.capped_paragraphs(paras, limit)   # the parts before (and the paragraph that ended each)
+    return longctx.capped_paragraphs(paras, limit)
 
 
 def heldout_text() -> str:
@@ -159,7 +164,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     held = heldout_text()
     tree = Path(a.tree)
-    texts: tuple[tuple[str, str], ...] = (("dev", dev_text(tree)), ("devfar", devfar_text(tree)), ("heldout", held),
+    texts: tuple[tuple[str, str], ...] = (("dev", dev_text(tree)), ("devfar", devfar_text(tree)),
+                                          ("devfar2", devfar_text(tree, part=2)), ("heldout", held),
                                           ("heldout2", longctx.needle_free(held)), ("heldout3", longctx.code_heldout_text()))
     if a.boost_wheel:
         texts += (("heldout4", boost_text(Path(a.boost_wheel))),)

@@ -28,7 +28,7 @@
 #              setting that moves with -c and the slot count cannot be a default, item 2 of issue L);
 #              2026-12-07 (sixth round, H200) ran those three (devpos kept 16384/2048; heldout5 judged; heldout6's
 #              gemma-3 ceiling failed) and smolheldout4 and speed by hand, so the next session runs
-#              GEMMA_ONLY=1 GEMMA_DEV=dca:16384:2048,dca:4096:512:pos DEV_SETS=dev,devfar STAGES="devfar heldout5g"
+#              GEMMA_ONLY=1 GEMMA_DEV=dca:16384:2048,dca:4096:512:pos DEV_SETS=dev,devfar,devfar2 STAGES="devfar heldout5g"
 #              (gemma-3's 30x dev cell for the dev choice and 4096/512 pos, the choice over dev and devfar, then
 #              heldout5's cells for a new choice; what is measured is skipped); on an H200 with the SmolLM2 pieces
 #              carried too, the same without GEMMA_ONLY and with ROUNDS="1 2 3 4 5" STAGES="speed devfar heldout5g"
@@ -54,7 +54,7 @@ SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:pos,dca:16384:2048:pos}
 GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
 GEMMA_FAR=${GEMMA_FAR:-dca:16384:2048,dca:4096:512:pos}   # devfar's 1M dev cell: the dev choice and its challenger
-DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar once devfar's cell has run: GEMMA_DEV=$GEMMA_FAR then)
+DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar,devfar2 with stage devfar: GEMMA_DEV=$GEMMA_FAR then)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
@@ -124,9 +124,14 @@ stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-
 }
 
 stage_devfar() { # gemma-3's dev cell at ~30x (sets.yaml devfar, 985,000 tokens, 10 trials) for $GEMMA_FAR: every 1M
-    # answer so far is held-out, so no default has been chosen for the headline length; its ceiling first
-    $RUN passkey --set devfar --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-    $RUN passkey --set devfar --model gemma-3-270m --methods $GEMMA_FAR --lengths 985000 --jobs 2 "${COMMON[@]}"
+    # answer so far is held-out, so no default has been chosen for the headline length. Each set's ceiling first; where
+    # devfar's fails (its CPU ceiling did: at most 15/20), run.py refuses its cell (exit 2) and devfar2's runs instead
+    local set len
+    for set in devfar:985000 devfar2:988000; do
+        len=${set#*:}; set=${set%:*}
+        $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+        $RUN passkey --set $set --model gemma-3-270m --methods $GEMMA_FAR --lengths $len --jobs 2 "${COMMON[@]}" && return
+    done
 }
 
 stage_se() { # Self-Extend (--dca-self-extend, the issue's baseline row) on heldout4, beside the DCA, YaRN and plain rows there

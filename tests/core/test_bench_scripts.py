@@ -556,3 +556,30 @@ def test_longctx_speed_times_dca_only_with_its_arguments(tmp_path: Path) -> None
     assert dca.startswith(plain) and dca.endswith("--dca on --dca-chunk-size 6144 --dca-local-size 1024 --dca-yarn-factor 0")
     rows = (home / "lc" / "out" / "speed.txt").read_text().splitlines()
     assert [row.split(" |")[0] for row in rows] == ["plain r7", "dca r7"]
+
+
+def test_longctx_devfar_falls_back_to_devfar2_only_when_devfars_ceiling_fails(tmp_path: Path) -> None:
+    """gpu.sh's stage devfar, with the real bash and a stand-in run.py that records its calls: each set's ceiling runs
+    first; where run.py refuses devfar's cell (exit 2: its ceiling failed), devfar2's ceiling and cell run, and where
+    devfar's cell runs, devfar2 is not touched."""
+    calls = tmp_path / "calls"
+    stub = tmp_path / "run.py"
+    stub.write_text(f'#!/bin/bash\necho "$*" >> "{calls}"\n'
+                    '[[ "$*" == *"--set devfar "* && "$*" != *"--lengths inside"* ]] && exit "${DEVFAR_RC:-0}"\nexit 0\n')
+    stub.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+
+    def stage(rc: int) -> list[str]:
+        calls.unlink(missing_ok=True)
+        r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; RUN="{stub}"; stage_devfar'], cwd=ROOT,
+                           env={**env, "DEVFAR_RC": str(rc)}, check=False, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [" ".join(line.split()[:10]) for line in calls.read_text().splitlines()]
+
+    far = "--methods dca:16384:2048,dca:4096:512:pos"
+    assert stage(0) == ["passkey --set devfar --model gemma-3-270m --methods plain --lengths inside --bin",
+                        f"passkey --set devfar --model gemma-3-270m {far} --lengths 985000 --jobs"]
+    assert stage(2) == ["passkey --set devfar --model gemma-3-270m --methods plain --lengths inside --bin",
+                        f"passkey --set devfar --model gemma-3-270m {far} --lengths 985000 --jobs",
+                        "passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside --bin",
+                        f"passkey --set devfar2 --model gemma-3-270m {far} --lengths 988000 --jobs"]

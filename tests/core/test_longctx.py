@@ -132,7 +132,7 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
                                                ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4",
                                                                    "heldout5", "heldout6")),
-                                               ("cpu-results", ("heldout3", "heldout4", "heldout5"))])
+                                               ("cpu-results", ("heldout3", "heldout4", "heldout5", "devfar", "devfar2"))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
@@ -423,6 +423,7 @@ def test_a_1m_cell_runs_its_sets_far_trials():
     import run
 
     assert run.cell_trials("devfar", 985000) == 10 and run.cell_trials("devfar", 29600) == 20
+    assert run.cell_trials("devfar2", 988000) == 10
     assert run.cell_trials("heldout5", 1038000) == 3 and run.cell_trials("heldout5", 97500) == 20
     assert run.cell_trials("heldout5", 1038000, 5) == 5
 
@@ -458,10 +459,14 @@ def test_the_devfar_text_is_llama_cpps_code_the_dev_text_leaves_out(tmp_path):
     assert text.split("\n\n") == ["int arg_parse;", "int after;", "struct ggml_tensor;", "__global__ void k();",
                                   "int model_graph;"]
     assert corpus.devfar_text(room, limit=40).split("\n\n") == ["int arg_parse;", "int after;"]
+    # devfar2: the next part, after the paragraph that ended the first ("struct ggml_tensor;" would have passed 40)
+    assert corpus.devfar_text(room, limit=40, part=2).split("\n\n") == ["__global__ void k();", "int model_graph;"]
     with pytest.raises(SystemExit, match="not a clean room"):
         corpus.devfar_text(tmp_path)
     sets = yaml.safe_load((REPO / "bench" / "longctx" / "sets.yaml").read_text())["sets"]
-    far = sets["devfar"]
-    assert list(far["cells"]) == ["gemma-3-270m"] and far["far_trials"] >= 10 and far["text"]["file"] == "devfar.txt"
-    assert min(far["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768
-    assert all(far["seed"] != st["seed"] for name, st in sets.items() if name != "devfar")
+    for name in ("devfar", "devfar2"):
+        far = sets[name]
+        assert list(far["cells"]) == ["gemma-3-270m"] and far["far_trials"] >= 10 and far["text"]["file"] == f"{name}.txt"
+        assert min(far["cells"]["gemma-3-270m"]["lengths"]) >= 30 * 32768 and far["ceiling_min"] >= 0.8 * far["trials"]
+        assert all(far["seed"] != st["seed"] and far["text"]["sha256"] != st["text"]["sha256"]
+                   for other, st in sets.items() if other != name)
