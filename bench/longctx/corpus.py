@@ -46,8 +46,12 @@ script adds the Python 3.11 check and writes the files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -55,18 +59,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dcaforge.gate import longctx  # noqa: E402
 
 
-def dev_text(tree: Path) -> str:
-    if (tree / ".git").exists():   # a clean room: its baseline, exported (the work tree carries the feature's hooks)
-        import subprocess
-        import tempfile
+@contextlib.contextmanager
+def baseline(tree: Path, *pathspecs: str) -> Iterator[Path]:
+    """A clean room's dcaforge/baseline (the upstream files before the feature's hooks, which the work tree carries and
+    which change with the templates), only ``pathspecs`` of it, exported to a temporary folder; SystemExit naming the
+    room where it has no baseline."""
+    with tempfile.TemporaryDirectory() as tmp:
+        arc = subprocess.run(["git", "-C", str(tree), "archive", "dcaforge/baseline", "--", *pathspecs],
+                             capture_output=True, check=False)
+        if arc.returncode != 0:
+            raise SystemExit(f"{tree}: no dcaforge/baseline to read, or nothing of {' '.join(pathspecs)} in it "
+                             f"({arc.stderr.decode().strip()})")
+        subprocess.run(["tar", "-x", "-C", tmp], input=arc.stdout, check=True)
+        yield Path(tmp)
 
-        with tempfile.TemporaryDirectory() as tmp:
-            arc = subprocess.run(["git", "-C", str(tree), "archive", "dcaforge/baseline", "src", "ggml/src"],
-                                 capture_output=True, check=False)
-            if arc.returncode != 0:
-                raise SystemExit(f"{tree}: no dcaforge/baseline to read ({arc.stderr.decode().strip()})")
-            subprocess.run(["tar", "-x", "-C", tmp], input=arc.stdout, check=True)
-            return dev_text(Path(tmp))
+
+def dev_text(tree: Path) -> str:
+    if (tree / ".git").exists():   # a clean room: its baseline
+        with baseline(tree, "src", "ggml/src") as base:
+            return dev_text(base)
     try:
         return longctx.dev_text(tree)
     except ValueError as exc:
@@ -82,29 +93,19 @@ def devfar_text(tree: Path, limit: int = longctx.CODE_TEXT_CHARS, part: int = 1)
     room's baseline, sorted by path, needle-free, at most ``limit`` characters: the dev text wraps around at 1M tokens
     (2.4M characters), a cell there would read the same code twice. ``part`` 2 (`devfar2`) is the next ``limit``
     characters of the same paragraphs, after the one that ended part 1."""
-    import subprocess
-
     if not (tree / ".git").exists():
         raise SystemExit(f"{tree}: not a clean room (the devfar text is read from its dcaforge/baseline)")
-    ls = subprocess.run(["git", "-C", str(tree), "ls-tree", "-r", "-z", "--name-only", "dcaforge/baseline"],
-                        capture_output=True, check=False)
-    if ls.returncode != 0:
-        raise SystemExit(f"{tree}: no dcaforge/baseline to read ({ls.stderr.decode().strip()})")
-    names = sorted(n for n in ls.stdout.decode("utf-8", errors="replace").split("\0")
-                   if n.endswith(DEVFAR_SUFFIXES) and not n.startswith("vendor/")
-                   and not (n.count("/") == 1 and n.startswith("src/") and n.endswith(".cpp"))
-                   and not (n.count("/") == 2 and n.startswith("ggml/src/") and n.endswith(".c")))
-
-    def paragraphs():
-        for name in names:
-            blob = subprocess.run(["git", "-C", str(tree), "show", f"dcaforge/baseline:{name}"], capture_output=True,
-                                  check=True).stdout.decode("utf-8", errors="replace")
-            yield from longctx.needle_free(blob).split("\n\n")
-
-    paras = paragraphs()
-    for _ in range(part - 1):
-        longctx.capped_paragraphs(paras, limit)   # the parts before (and the paragraph that ended each)
-    return longctx.capped_paragraphs(paras, limit)
+    # every DEVFAR_SUFFIXES name matches one of the two (git archive refuses a pathspec that matches nothing)
+    with baseline(tree, ":(glob)**/*.c*", ":(glob)**/*.h*") as base:
+        names = sorted(n for n in (p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+                       if n.endswith(DEVFAR_SUFFIXES) and not n.startswith("vendor/")
+                       and not (n.count("/") == 1 and n.startswith("src/") and n.endswith(".cpp"))
+                       and not (n.count("/") == 2 and n.startswith("ggml/src/") and n.endswith(".c")))
+        paras = (para for name in names
+                 for para in longctx.needle_free((base / name).read_bytes().decode("utf-8", errors="replace")).split("\n\n"))
+        for _ in range(part - 1):
+            longctx.capped_paragraphs(paras, limit)   # the parts before (and the paragraph that ended each)
+        return longctx.capped_paragraphs(paras, limit)
 
 
 def heldout_text() -> str:
