@@ -54,6 +54,8 @@ SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA_DEV=${GEMMA_DEV:-dca:2048:256,dca:4096:512,dca:8192:1024,dca:16384:2048,dca:4096:512:pos,dca:16384:2048:pos}
 GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-factor pos (stage devpos)
 GEMMA_FAR=${GEMMA_FAR:-dca:16384:2048,dca:4096:512:pos}   # devfar's 1M dev cell: the dev choice and its challenger
+# (best2: the dev rule's pick over $GEMMA_DEV on the 2.5x and 5x dev cells and its runner-up, far_methods)
+GEMMA_CHUNK=${GEMMA_CHUNK:-dca:4096:512:chunk,dca:16384:2048:chunk}   # --dca-yarn-factor chunk (stage devchunk)
 DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar,devfar2 with stage devfar: GEMMA_DEV=$GEMMA_FAR then)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
@@ -123,14 +125,35 @@ stage_devpos() { # the temperature by position (--dca-yarn-factor pos) on gemma-
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_POS --chars 600000 --jobs 2 "${COMMON[@]}"
 }
 
+stage_devchunk() { # the temperature from the chunk length on (--dca-yarn-factor chunk: 0.1 log2((p + 1) / c) + 1 past
+    # c = S - w, where DCA's regimes begin) on gemma-3's two dev cells and its dev perplexity: the temperature by position
+    # from L (pos) lost to the former rule (auto) on 6 paired dev trials of 6 that they split, each a needle the
+    # temperature reaches with auto and not with pos (p < L, or past L where pos is cooler)
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_CHUNK --lengths 81920,163840 --jobs 3 "${COMMON[@]}"
+    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_CHUNK --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
+far_methods() { # the candidates of devfar's cell: $GEMMA_FAR, or with GEMMA_FAR=best2 the dev rule's pick over $GEMMA_DEV
+    # on the dev set alone (2.5x and 5x) and the pick over the rest (written down before the run: the 1M cell, ~1 minute a
+    # trial, is run for two candidates, and the choice is then made between those two over all three dev cells)
+    [ "$GEMMA_FAR" = best2 ] || { echo "$GEMMA_FAR"; return; }
+    local a b rest
+    a=$(DEV_SETS=dev choose gemma-3-270m "$GEMMA_DEV") || return 1
+    rest=$(echo ",$GEMMA_DEV," | sed "s/,$a,/,/; s/^,//; s/,$//")
+    b=$(DEV_SETS=dev choose gemma-3-270m "$rest") || return 1
+    echo "$a,$b"
+}
+
 stage_devfar() { # gemma-3's dev cell at ~30x (sets.yaml devfar, 985,000 tokens, 10 trials) for $GEMMA_FAR: every 1M
     # answer so far is held-out, so no default has been chosen for the headline length. Each set's ceiling first; where
     # devfar's fails (its CPU ceiling did: at most 15/20), run.py refuses its cell (exit 2) and devfar2's runs instead
-    local set len
+    local set len far
+    far=$(far_methods) || { echo "devfar: no candidates (choose failed)" >&2; return 1; }
+    echo "devfar: $far" >> ~/lc/out/choice.txt
     for set in devfar:985000 devfar2:988000; do
         len=${set#*:}; set=${set%:*}
         $RUN passkey --set $set --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-        $RUN passkey --set $set --model gemma-3-270m --methods $GEMMA_FAR --lengths $len --jobs 2 "${COMMON[@]}" && return
+        $RUN passkey --set $set --model gemma-3-270m --methods $far --lengths $len --jobs 2 "${COMMON[@]}" && return
     done
 }
 

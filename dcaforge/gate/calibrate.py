@@ -225,7 +225,7 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     else:   # as bench/longctx/run.py: a text that fails its ceiling judges no method; its cells are not run
         heldout = {choice.pick: {}, "yarn": {}}
 
-    temp = "pos" if mp.factor == "pos" else "off"
+    temp = mp.factor if mp.factor in ("pos", "chunk") else "off"
     r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local}, temperature {temp})")
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)

@@ -18,10 +18,10 @@ SUPPORTED_ARCHS = ("gemma4", "gemma3", "qwen2", "qwen3", "qwen3moe", "llama")
 KEY_CHUNK = "{arch}.attention.dual_chunk.chunk_size"
 KEY_LOCAL = "{arch}.attention.dual_chunk.local_size"
 KEY_DCA_ORIG = "{arch}.attention.dual_chunk.original_context_length"
-#: the model's own attention temperature, "pos" or "off" (a string): 0078 reads it when --dca-yarn-factor is left at its
+#: the model's own attention temperature, "pos", "chunk" or "off" (a string): 0078 reads it when --dca-yarn-factor is left at its
 #: default (model)
 KEY_TEMPERATURE = "{arch}.attention.dual_chunk.temperature"
-TEMPERATURES = ("off", "pos")
+TEMPERATURES = ("off", "pos", "chunk")
 KEY_ROPE_ORIG = "{arch}.rope.scaling.original_context_length"
 KEY_CTX = "{arch}.context_length"
 
@@ -157,7 +157,7 @@ class CopyResult:
 
 def write_dca_copy(src: Path, dst: Path, chunk: int, local: int, temperature: str = "off") -> CopyResult:
     """Write ``dst``: ``src`` with ``<arch>.attention.dual_chunk.chunk_size = chunk`` and ``.local_size = local``
-    (uint32) and ``.temperature`` (a string, ``off`` or ``pos``: written either way, so that a copy of a copy says
+    (uint32) and ``.temperature`` (a string, ``off``, ``pos`` or ``chunk``: written either way, so that a copy of a copy says
     what its own calibration chose), every other key, every tensor and the alignment as they were; checked by reading ``dst`` back (the
     keys, the values, every tensor's bytes), through a temporary file beside ``dst`` that an error or an interrupt
     removes. ``src`` is only read."""

@@ -568,6 +568,7 @@ def test_longctx_devfar_falls_back_to_devfar2_only_when_devfars_ceiling_fails(tm
                     '[[ "$*" == *"--set devfar "* && "$*" != *"--lengths inside"* ]] && exit "${DEVFAR_RC:-0}"\nexit 0\n')
     stub.chmod(0o755)
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    (tmp_path / "lc" / "out").mkdir(parents=True)
 
     def stage(rc: int) -> list[str]:
         calls.unlink(missing_ok=True)
@@ -583,3 +584,38 @@ def test_longctx_devfar_falls_back_to_devfar2_only_when_devfars_ceiling_fails(tm
                         f"passkey --set devfar --model gemma-3-270m {far} --lengths 985000 --jobs",
                         "passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside --bin",
                         f"passkey --set devfar2 --model gemma-3-270m {far} --lengths 988000 --jobs"]
+
+
+def test_longctx_devfar_best2_runs_the_dev_rules_pick_and_runner_up(tmp_path: Path) -> None:
+    """GEMMA_FAR=best2: stage devfar's 1M cell runs the dev rule's pick over $GEMMA_DEV on the dev set alone and the pick
+    over the rest (a stand-in run.py whose choose answers the candidate it is told to, by the order given), both asked
+    with --set dev; and where choose fails, no cell runs."""
+    calls = tmp_path / "calls"
+    stub = tmp_path / "run.py"
+    stub.write_text(f'#!/bin/bash\necho "$*" >> "{calls}"\n'
+                    'if [ "$1" = choose ]; then [ -n "$FAIL" ] && exit 1\n'
+                    '  m=$(echo "$*" | sed "s/.*--methods \\([^ ]*\\).*/\\1/"); IFS=, read -ra a <<< "$m"\n'
+                    '  for w in $PICK; do for x in "${a[@]}"; do [ "$x" = "$w" ] && { echo "$x"; exit 0; }; done; done; exit 1; fi\n'
+                    'exit 0\n')
+    stub.chmod(0o755)
+    (tmp_path / "lc" / "out").mkdir(parents=True)
+    cands = "dca:16384:2048,dca:4096:512:pos,dca:4096:512:chunk"
+
+    def stage(**extra: str) -> tuple[int, list[str]]:
+        calls.unlink(missing_ok=True)
+        env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "GEMMA_FAR": "best2",
+               "GEMMA_DEV": cands, "DEV_SETS": "dev,devfar,devfar2", **extra}
+        r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; RUN="{stub}"; stage_devfar'], cwd=ROOT, env=env,
+                           check=False, capture_output=True, text=True, timeout=60)
+        return r.returncode, [" ".join(line.split()[:10]) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+    rc, got = stage(PICK="dca:4096:512:chunk dca:16384:2048 dca:4096:512:pos")
+    out = f"{tmp_path / 'lc' / 'out'} {ROOT / 'bench' / 'longctx' / 'dev-results'}"
+    assert rc == 0 and got == [f"choose --set dev --model gemma-3-270m --methods {cands} {out}",
+                               f"choose --set dev --model gemma-3-270m --methods dca:16384:2048,dca:4096:512:pos {out}",
+                               "passkey --set devfar --model gemma-3-270m --methods plain --lengths inside --bin",
+                               "passkey --set devfar --model gemma-3-270m --methods dca:4096:512:chunk,dca:16384:2048 "
+                               "--lengths 985000 --jobs"], got
+    assert "devfar: dca:4096:512:chunk,dca:16384:2048" in (tmp_path / "lc" / "out" / "choice.txt").read_text()
+    rc, got = stage(PICK="x", FAIL="1")
+    assert rc != 0 and not any(c.startswith("passkey") for c in got), got

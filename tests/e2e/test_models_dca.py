@@ -226,7 +226,7 @@ def test_a_auto_sizes_are_one_half_and_one_eighth(runner, dca_exe, models_dir, a
     (("--dca-chunk-size", "192", "--dca-local-size", "-1"), "--dca-local-size"),
     (("--dca-chunk-size", "-5", "--dca-local-size", "0"), "--dca-chunk-size"),
     (("--dca-chunk-size", "300", "--dca-local-size", "32"), "--dca-chunk-size"),
-    (("--dca-yarn-factor", "-4"), "--dca-yarn-factor"),   # -1 is auto, -2 pos, -3 model in llama_context_params
+    (("--dca-yarn-factor", "-5"), "--dca-yarn-factor"),   # -1 auto, -2 pos, -3 model, -4 chunk in llama_context_params
 ], ids=["w-eq-S", "w-negative", "S-negative", "S-above-trained", "yarn-negative"])
 def test_a_impossible_values_fail_at_context_creation(dca_exe, models_dir, args, flag):
     r = subprocess.run([dca_exe, "-m", model(models_dir, "qwen2"), "-o", os.devnull, "--n-tokens", "8", "--dca", "on", *args],
@@ -499,43 +499,45 @@ def test_b_default_has_no_temperature(runner, dca_exe, models_dir, reference_log
     assert "n_ctx_seq = 512, attention temperature off" in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("form", ["pos", "chunk"])
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits, tmp_path, arch):
-    """--dca-yarn-factor pos (opt-in): a query at p scaled by 0.1 log2((p + 1) / L) + 1 once it sees more than L tokens.
-    Against the numpy reference with that per-query scale; bit for bit --dca-yarn-factor 0 at every position within L
-    (a query there is scaled by exactly 1, and no later query reaches it); the same bits in a context four times as large
-    (n_ctx_seq, which auto reads and pos does not); and past L not the temperature-off logits."""
+def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits, tmp_path, arch, form):
+    """--dca-yarn-factor pos (opt-in): a query at p scaled by 0.1 log2((p + 1) / L) + 1 once it sees more than L tokens;
+    chunk: the same from the chunk length c = S - w on (where DCA's regimes begin) instead of L. Against the numpy
+    reference with that per-query scale; bit for bit --dca-yarn-factor 0 at every position within that length (a query
+    there is scaled by exactly 1, and no later query reaches it); the same bits in a context four times as large
+    (n_ctx_seq, which auto reads and these do not); and past it not the temperature-off logits."""
     from tests.models import reference
     m = model(models_dir, arch)
-    L = tiny.N_CTX_TRAIN
-    pos_flag = ("--dca-yarn-factor", "pos")
-    _, pos = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=pos_flag)
+    T = tiny.N_CTX_TRAIN if form == "pos" else C
+    flag = ("--dca-yarn-factor", form)
+    _, pos = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=flag)
     _, off = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "0"))
-    _, wide = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=pos_flag, n_ctx=4 * N_REF)
-    assert np.array_equal(pos[0][:L], off[0][:L]), "a query within the trained context moved"
+    _, wide = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=flag, n_ctx=4 * N_REF)
+    assert np.array_equal(pos[0][:T], off[0][:T]), f"a query within {T} tokens moved"
     assert np.array_equal(pos, wide), "the answer moved with the context size"
-    ref = reference_logits(arch, True, pos_len=L)
+    ref = reference_logits(arch, True, pos_len=T)
     assert rel_err(pos[0], ref).max() < 1e-3
-    assert reference.pos_temp(np.arange(N_REF), L)[L:].min() > 1.0
-    assert rel_err(pos[0][L:], off[0][L:]).min() > 0.0, "the temperature does not move the logits past L"
+    assert reference.pos_temp(np.arange(N_REF), T)[T:].min() > 1.0
+    assert rel_err(pos[0][T:], off[0][T:]).min() > 0.0, f"the temperature does not move the logits past {T}"
     r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "log.f32"), "--seed", str(SEED), "--n-tokens", "16",
-                        "-c", str(N_REF), "-t", str(THREADS), "-v", *DCA_ON, *pos_flag], capture_output=True, text=True,
+                        "-c", str(N_REF), "-t", str(THREADS), "-v", *DCA_ON, *flag], capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"attention temperature by position (pos: a query at p >= {L}" in r.stderr, r.stderr[-3000:]
+    assert f"attention temperature by position ({form}: a query at p >= {T}" in r.stderr, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monkeypatch, arch):
     """The model's own temperature (`<arch>.attention.dual_chunk.temperature`, which `dcaforge calibrate` writes): with
     --dca-yarn-factor left at its default (model), a copy saying pos gives exactly the logits of --dca-yarn-factor pos on
-    the original, one saying off those of the temperature off; --dca-yarn-factor 0 overrides pos; a value other than
-    pos or off is refused at context creation, naming the key."""
+    the original, one saying chunk those of --dca-yarn-factor chunk, one saying off those of the temperature off;
+    --dca-yarn-factor 0 overrides pos; a value other than pos, chunk or off is refused at context creation, naming the key."""
     from dcaforge.gate import calibrate_gguf
     m = model(models_dir, arch)
     copies = {}
-    monkeypatch.setattr(calibrate_gguf, "TEMPERATURES", ("off", "pos", "warm"))
-    for t in ("pos", "off", "warm"):
+    monkeypatch.setattr(calibrate_gguf, "TEMPERATURES", ("off", "pos", "chunk", "warm"))
+    for t in ("pos", "chunk", "off", "warm"):
         copies[t] = tmp_path / f"{t}.gguf"
         calibrate_gguf.write_dca_copy(Path(m), copies[t], S, W, t)
     _, pos_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "pos"))
@@ -543,11 +545,14 @@ def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monk
     _, pos_own = runner.run(dca_exe, str(copies["pos"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
     _, off_own = runner.run(dca_exe, str(copies["off"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
     _, pos_zero = runner.run(dca_exe, str(copies["pos"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=TEMP_OFF)
+    _, chunk_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "chunk"))
+    _, chunk_own = runner.run(dca_exe, str(copies["chunk"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
     assert np.array_equal(pos_own, pos_flag) and np.array_equal(off_own, off_flag) and np.array_equal(pos_zero, off_flag)
+    assert np.array_equal(chunk_own, chunk_flag) and not np.array_equal(chunk_flag, pos_flag)
     assert not np.array_equal(pos_flag, off_flag), "the temperature by position did not move the logits past L"
     r = subprocess.run([dca_exe, "-m", str(copies["warm"]), "-o", str(tmp_path / "x.f32"), "--n-tokens", "16", "-c", str(N_REF),
                         "-t", str(THREADS), *DCA_ON], capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode != 0 and f"{arch}.attention.dual_chunk.temperature = 'warm' is not pos or off" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and f"{arch}.attention.dual_chunk.temperature = 'warm' is not pos, chunk or off" in r.stderr, r.stderr[-2000:]
 
 
 SE_GW = (4, 64)   # Self-Extend's group size and window on the tiny models: far keys from position 64 on, distances <= 147 < L
