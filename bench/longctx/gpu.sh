@@ -33,6 +33,12 @@
 #              heldout5's cells for a new choice; what is measured is skipped); on an H200 with the SmolLM2 pieces
 #              carried too, the same without GEMMA_ONLY and with ROUNDS="1 2 3 4 5" STAGES="speed devfar heldout5g"
 #              (two paired rounds could not settle DCA's prompt ratio at 32k)
+#              2026-12-07 (seventh round) got no machine (every start failed) and wrote down --dca-yarn-factor chunk, so
+#              the next session runs GEMMA_ONLY=1 GEMMA_DEV=dca:16384:2048,dca:16384:2048:pos,dca:4096:512:pos,
+#              dca:4096:512,dca:8192:1024,dca:2048:256,dca:4096:512:chunk,dca:16384:2048:chunk GEMMA_FAR=best2
+#              STAGES="devchunk devfar" (the chunk form on gemma-3's two dev cells and its dev perplexity, then devfar's
+#              1M cell for the dev rule's pick over all eight and its runner-up; the choice is then made offline with
+#              run.py choose --set dev,devfar,devfar2 over those two)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
