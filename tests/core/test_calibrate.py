@@ -217,8 +217,8 @@ def test_copy_sets_the_dca_keys_and_keeps_every_other_key_and_tensor_byte(tmp_pa
         want = gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.UINT32
         assert b.fields[k].types == [want] and b.fields[k].contents() == v
     again = tmp_path / "again.gguf"
-    cal.write_dca_copy(dst, again, 2048, 256, "off")
-    assert gguf.GGUFReader(again).fields[f"{arch}.attention.dual_chunk.temperature"].contents() == "off"
+    cal.write_dca_copy(dst, again, 2048, 256, "chunk")
+    assert gguf.GGUFReader(again).fields[f"{arch}.attention.dual_chunk.temperature"].contents() == "chunk"
     with pytest.raises(ValueError, match="temperature"):
         cal.write_dca_copy(src, tmp_path / "bad.gguf", 4096, 512, "auto")
     assert not (tmp_path / "bad.gguf").exists()
@@ -297,8 +297,9 @@ def test_method_flags() -> None:
         "--dca", "on", "--dca-chunk-size", "128", "--dca-local-size", "16", "--dca-yarn-factor", "0"]
     assert longctx.method_args("dca:128:16:auto", 1024, 256)[-1] == "auto"
     assert longctx.method_args("dca:128:16:pos", 1024, 256)[-2:] == ["--dca-yarn-factor", "pos"]
+    assert longctx.method_args("dca:128:16:chunk", 1024, 256)[-2:] == ["--dca-yarn-factor", "chunk"]
     assert longctx.method_args("dca:128:16:2.5", 1024, 256)[-1] == "2.5"
-    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:nan", "dca:128:16: 2",
+    for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:chunky", "dca:128:16:CHUNK", "dca:128:16:nan", "dca:128:16: 2",
                 "se", "se:0", "se:1:64", "se:4:0", "se:4:64:2", "se:-4:64", "se:x"):
         with pytest.raises(ValueError, match="unknown method"):
             longctx.method_args(bad, 1024, 256)
