@@ -132,7 +132,7 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
 @pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
                                                ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4",
                                                                    "heldout5", "heldout6")),
-                                               ("cpu-results", ("heldout3", "heldout4", "heldout5", "devfar", "devfar2"))])
+                                               ("cpu-results", ("dev", "heldout3", "heldout4", "heldout5", "devfar", "devfar2"))])
 def test_committed_results_are_the_sets_trials_scored_strictly(folder, set_names):
     """bench/longctx/{dev,heldout}-results: every record is a trial of its set as sets.yaml defines it (its key), and
     its score is the strict one recomputed from the answer, not taken from the file."""
