@@ -38,7 +38,11 @@
 #              dca:4096:512,dca:8192:1024,dca:2048:256,dca:4096:512:chunk,dca:16384:2048:chunk GEMMA_FAR=best2
 #              STAGES="devchunk devfar" (the chunk form on gemma-3's two dev cells and its dev perplexity, then devfar's
 #              1M cell for the dev rule's pick over all eight and its runner-up; the choice is then made offline with
-#              run.py choose --set dev,devfar,devfar2 over those two)
+#              run.py choose --set dev,devfar,devfar2 over those two); 2026-12-07 late (eighth round), after a failed
+#              start left too little device time for both stages, reordered before any run: GEMMA_ONLY=1
+#              GEMMA_FAR=dca:16384:2048,dca:4096:512:pos STAGES="devfar devchunk" (the sixth round's 1M dev cell first,
+#              since only it can move the choice: over the six measured candidates best2 would send two S=16384 forms,
+#              the sizes that found 1 of 12 at 1M; the chunk form, 5/7 like pos on the CPU, after it as time allows)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
