@@ -42,7 +42,10 @@
 #              start left too little device time for both stages, reordered before any run: GEMMA_ONLY=1
 #              GEMMA_FAR=dca:16384:2048,dca:4096:512:pos STAGES="devfar devchunk" (the sixth round's 1M dev cell first,
 #              since only it can move the choice: over the six measured candidates best2 would send two S=16384 forms,
-#              the sizes that found 1 of 12 at 1M; the chunk form, 5/7 like pos on the CPU, after it as time allows)
+#              the sizes that found 1 of 12 at 1M; the chunk form, 5/7 like pos on the CPU, after it as time allows);
+#              it ran whole on an H100 (devfar2 at 1M: 16384/2048 1/10, 4096/512 pos 4/10; the dev choice stays), so the
+#              next session first builds the prompt-length temperature written down in bench/RESULTS.md ("Eighth
+#              round"), then runs its dev cells and devfar2's 1M cell beside the dev choice
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):

@@ -129,7 +129,7 @@ def test_the_devtext_set_differs_from_dev_in_all_but_its_text():
     assert not td & tt, "a trial of dev comes back in devtext-heldout"
 
 
-@pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev",)),
+@pytest.mark.parametrize("folder, set_names", [("dev-results", ("dev", "devfar", "devfar2")),
                                                ("heldout-results", ("heldout", "heldout2", "devtext-heldout", "heldout3", "heldout4",
                                                                    "heldout5", "heldout6")),
                                                ("cpu-results", ("dev", "heldout3", "heldout4", "heldout5", "devfar", "devfar2"))])
