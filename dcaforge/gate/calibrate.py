@@ -41,7 +41,7 @@ from typing import Any
 from dcaforge.config import Config
 from dcaforge.errors import CalibrateError
 from dcaforge.gate import longctx
-from dcaforge.gate.calibrate_gguf import GgufInfo, inspect_gguf, write_dca_copy
+from dcaforge.gate.calibrate_gguf import TEMPERATURES, GgufInfo, inspect_gguf, write_dca_copy
 from dcaforge.gate.calibrate_plan import (
     CEILING_MIN,
     DEFAULT_DEV_TRIALS,
@@ -225,7 +225,7 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     else:   # as bench/longctx/run.py: a text that fails its ceiling judges no method; its cells are not run
         heldout = {choice.pick: {}, "yarn": {}}
 
-    temp = mp.factor if mp.factor in ("pos", "chunk") else "off"
+    temp = mp.factor if mp.factor in TEMPERATURES else "off"   # what the GGUF key can say; any other factor: off
     r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local}, temperature {temp})")
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)
