@@ -45,7 +45,8 @@
 #              the sizes that found 1 of 12 at 1M; the chunk form, 5/7 like pos on the CPU, after it as time allows);
 #              it ran whole on an H100 (devfar2 at 1M: 16384/2048 1/10, 4096/512 pos 4/10; the dev choice stays), so the
 #              next session first builds the prompt-length temperature written down in bench/RESULTS.md ("Eighth
-#              round"), then runs its dev cells and devfar2's 1M cell beside the dev choice
+#              round"), then runs its dev cells and devfar2's 1M cell beside the dev choice; 2026-12-07 (ninth round)
+#              built it (--dca-yarn-factor len) and runs GEMMA_ONLY=1 STAGES=devlen
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -69,6 +70,7 @@ GEMMA_POS=${GEMMA_POS:-dca:4096:512:pos,dca:16384:2048:pos}   # --dca-yarn-facto
 GEMMA_FAR=${GEMMA_FAR:-dca:16384:2048,dca:4096:512:pos}   # devfar's 1M dev cell: the dev choice and its challenger
 # (best2: the dev rule's pick over $GEMMA_DEV on the 2.5x and 5x dev cells and its runner-up, far_methods)
 GEMMA_CHUNK=${GEMMA_CHUNK:-dca:4096:512:chunk,dca:16384:2048:chunk}   # --dca-yarn-factor chunk (stage devchunk)
+GEMMA_LEN=${GEMMA_LEN:-dca:4096:512:len,dca:16384:2048:len}   # --dca-yarn-factor len (stage devlen; the 1M cell in this order)
 DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar,devfar2 with stage devfar: GEMMA_DEV=$GEMMA_FAR then)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
@@ -144,6 +146,20 @@ stage_devchunk() { # the temperature from the chunk length on (--dca-yarn-factor
     # temperature reaches with auto and not with pos (p < L, or past L where pos is cooler)
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_CHUNK --lengths 81920,163840 --jobs 3 "${COMMON[@]}"
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_CHUNK --chars 600000 --jobs 2 "${COMMON[@]}"
+}
+
+stage_devlen() { # the temperature from the prompt's length (--dca-yarn-factor len: every query of a prompt of n > L tokens
+    # x 0.1 log2(n / L) + 1, as Qwen2.5-1M's DCA; llama-server gives each slot's prompt length, llama-perplexity the window)
+    # on gemma-3's two dev cells and its dev perplexity, then devfar2's 1M cell (its ceiling first), one candidate after the
+    # other in $GEMMA_LEN's order (written down before the run: 4096 / 512 first, the sizes of auto's dev 18/20 and
+    # held-out 3/3 at 1M, whose scale len equals on the bench to within 0.1 log2(1.003))
+    $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_LEN --lengths 81920,163840 --jobs 4 "${COMMON[@]}"
+    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_LEN --chars 600000 --jobs 2 "${COMMON[@]}"
+    $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    local m
+    for m in ${GEMMA_LEN//,/ }; do
+        $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
+    done
 }
 
 far_methods() { # the candidates of devfar's cell: $GEMMA_FAR, or with GEMMA_FAR=best2 the dev rule's pick over $GEMMA_DEV

@@ -18,10 +18,10 @@ SUPPORTED_ARCHS = ("gemma4", "gemma3", "qwen2", "qwen3", "qwen3moe", "llama")
 KEY_CHUNK = "{arch}.attention.dual_chunk.chunk_size"
 KEY_LOCAL = "{arch}.attention.dual_chunk.local_size"
 KEY_DCA_ORIG = "{arch}.attention.dual_chunk.original_context_length"
-#: the model's own attention temperature, "pos", "chunk" or "off" (a string): 0078 reads it when --dca-yarn-factor is left at its
+#: the model's own attention temperature, "pos", "chunk", "len" or "off" (a string): 0078 reads it when --dca-yarn-factor is left at its
 #: default (model)
 KEY_TEMPERATURE = "{arch}.attention.dual_chunk.temperature"
-TEMPERATURES = ("off", "pos", "chunk")
+TEMPERATURES = ("off", "pos", "chunk", "len")
 KEY_ROPE_ORIG = "{arch}.rope.scaling.original_context_length"
 KEY_CTX = "{arch}.context_length"
 

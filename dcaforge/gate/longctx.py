@@ -228,7 +228,7 @@ def load_text(path: Path, sha256: str | None = None) -> str:
 class Method:
     """A method as the bench and calibrate name it: ``plain``; ``yarn`` (factor = context / trained); ``dca`` (``--dca
     on`` and nothing else: the build's or the GGUF's own sizes); ``dca:S:W`` (chunk S, local window W, temperature
-    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``: ``auto``, ``pos``, ``chunk`` or a number >= 0); ``se:G:W`` (Self-Extend, the
+    off); ``dca:S:W:F`` (and ``--dca-yarn-factor F``: ``auto``, ``pos``, ``chunk``, ``len`` or a number >= 0); ``se:G:W`` (Self-Extend, the
     baseline: group size G, neighbour window W) and ``se:W`` (G the smallest that keeps every distance within the
     trained context, :func:`se_group`)."""
 
@@ -240,8 +240,8 @@ class Method:
 
 
 def _factor_ok(f: str) -> bool:
-    """--dca-yarn-factor's values: auto, pos, chunk, or a number >= 0 (0: off)."""
-    if f in ("auto", "pos", "chunk"):
+    """--dca-yarn-factor's values: auto, pos, chunk, len, or a number >= 0 (0: off)."""
+    if f in ("auto", "pos", "chunk", "len"):
         return True
     try:
         return math.isfinite(float(f)) and float(f) >= 0 and f.strip() == f
@@ -258,7 +258,7 @@ def parse_method(method: str) -> Method:
         return Method(method, "se", int(parts[1]) if len(parts) == 3 else 0, int(parts[-1]))
     if parts[0] != "dca" or len(parts) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in parts[1:3]) \
             or (len(parts) == 4 and not _factor_ok(parts[3])):
-        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F with F auto, pos, chunk or a number >= 0, "
+        raise ValueError(f"unknown method {method!r} (plain, yarn, dca, dca:S:W, dca:S:W:F with F auto, pos, chunk, len or a number >= 0, "
                          "se:W, se:G:W with G >= 2)")
     return Method(method, "dca", int(parts[1]), int(parts[2]), parts[3] if len(parts) == 4 else "0")
 

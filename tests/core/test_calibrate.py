@@ -298,9 +298,10 @@ def test_method_flags() -> None:
     assert longctx.method_args("dca:128:16:auto", 1024, 256)[-1] == "auto"
     assert longctx.method_args("dca:128:16:pos", 1024, 256)[-2:] == ["--dca-yarn-factor", "pos"]
     assert longctx.method_args("dca:128:16:chunk", 1024, 256)[-2:] == ["--dca-yarn-factor", "chunk"]
+    assert longctx.method_args("dca:128:16:len", 1024, 256)[-2:] == ["--dca-yarn-factor", "len"]
     assert longctx.method_args("dca:128:16:2.5", 1024, 256)[-1] == "2.5"
     for bad in ("dca:128", "dca:x:16", "rope", "dca:0:0", "dca:128:16:-1", "dca:128:16:warm", "dca:128:16:chunky",
-                "dca:128:16:CHUNK", "dca:128:16:nan", "dca:128:16: 2",
+                "dca:128:16:CHUNK", "dca:128:16:lens", "dca:128:16:nan", "dca:128:16: 2",
                 "se", "se:0", "se:1:64", "se:4:0", "se:4:64:2", "se:-4:64", "se:x"):
         with pytest.raises(ValueError, match="unknown method"):
             longctx.method_args(bad, 1024, 256)

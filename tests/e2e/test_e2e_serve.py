@@ -111,6 +111,8 @@ def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, n_ct
     largest L2-relative error."""
     ids, dist = answer(res)
     assert len(ids) == N_PREDICT, f"{what}: {len(ids)} tokens"
+    if "len" in extra:   # --dca-yarn-factor len: the slot's prompt length, as the server gives it (the answer's own rows past it)
+        extra = (*extra, "--prompt-len", str(len(toks)))
     ref = alone(exe, toks + ids, tmp, n_ctx_seq, *extra)
     rows = ref[len(toks) - 1: len(toks) - 1 + len(ids)]
     assert ids == [int(r.argmax()) for r in rows], f"{what}: greedy tokens differ from the sequence alone"
@@ -121,11 +123,13 @@ def check_alone(exe: str, tmp: Path, toks: list[int], res: dict, what: str, n_ct
 
 # flash attention on (the LSE op) with the default f16 cache, per-slot and unified KV; flash attention off
 # with an f32 cache, where nothing rounds to f16 (measured: 2.5e-6); the opt-in temperature by position (pos), whose
-# scale comes from each query's position alone, so that its answers too do not move with the slot count
+# scale comes from each query's position alone, so that its answers too do not move with the slot count; and the
+# temperature by the prompt's length (len), whose scale the server takes from each slot's prompt
 PARALLEL = [("per-slot-kv", False, "f16", ()), ("unified-kv", True, "f16", ()),
             ("per-slot-kv-nofa-f32", False, "f32", ("-fa", "off", "-ctk", "f32", "-ctv", "f32")),
-            ("per-slot-kv-pos", False, "f16", ("--dca-yarn-factor", "pos"))]
-ONE_BY_ONE = ("per-slot-kv", "per-slot-kv-pos")   # also one by one, and against -np 1's context
+            ("per-slot-kv-pos", False, "f16", ("--dca-yarn-factor", "pos")),
+            ("per-slot-kv-len", False, "f16", ("--dca-yarn-factor", "len"))]
+ONE_BY_ONE = ("per-slot-kv", "per-slot-kv-pos", "per-slot-kv-len")   # also one by one, and against -np 1's context
 
 
 @pytest.mark.parametrize(("name", "unified", "cache", "extra"), PARALLEL, ids=[p[0] for p in PARALLEL])
@@ -203,6 +207,41 @@ def test_context_shift_with_dca(serve_tree):
     assert all(math.isfinite(x) for x in lp)
     # the trained model keeps predicting its own text after the shift (a broken K re-rope makes it guess)
     assert np.mean(lp[-50:]) > -1.5, f"mean log-probability of the last 50 tokens {np.mean(lp[-50:]):.2f}"
+
+
+def test_len_recomputes_a_prefix_cached_under_another_length(serve_tree, logits_exe, tmp_path):
+    """--dca-yarn-factor len scales every query of a slot by its prompt's length, so a cached prefix computed for a
+    prompt of another length (past L) is computed again (cache_n 0) and the answer is the longer prompt's alone; the
+    same prompt again reuses its cache; a slot saved and restored keeps the length its cells were computed under, and a
+    state saved with len is refused by a server without it, naming the flag."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    extra = ("--dca-yarn-factor", "len")
+    p = prompt(600, 3000)
+    longer = p + prompt(80, 9000)[1:]
+    base = [*COMMON, "-c", "2048", "--parallel", "1", "--slot-save-path", f"{slots}/", "--dca", "on"]
+    exe = serve_tree.bin("llama-server")
+    with LlamaServer(exe, [*base, *extra], LOGS / "len-cache.log") as srv:
+        first = complete(srv, p, id_slot=0, cache_prompt=True)
+        check_alone(logits_exe, tmp_path, p, first, "the first prompt", 2048, "f16", extra)
+        again = complete(srv, p, id_slot=0, cache_prompt=True)
+        assert again["timings"]["cache_n"] >= len(p) - 1, again["timings"]
+        assert answer(again)[0] == answer(first)[0]
+        res = complete(srv, longer, id_slot=0, cache_prompt=True)
+        assert res["timings"]["cache_n"] == 0, res["timings"]
+        check_alone(logits_exe, tmp_path, longer, res, "a longer prompt over the cached one", 2048, "f16", extra)
+        saved = srv.post("/slots/0?action=save", {"filename": "len.bin"})
+        srv.post("/slots/0?action=erase", {})
+        complete(srv, p, id_slot=0, cache_prompt=True)      # the slot's length is now p's
+        srv.post("/slots/0?action=restore", {"filename": "len.bin"})
+        assert saved["n_saved"] >= len(longer)
+        res2 = complete(srv, longer, id_slot=0, cache_prompt=True)   # the restored cells are longer's: reused
+        assert res2["timings"]["cache_n"] >= len(longer) - 1, res2["timings"]
+        assert answer(res2)[0] == answer(res)[0]
+    with LlamaServer(exe, base, LOGS / "len-cache-off.log") as srv:
+        status, out = srv.request("POST", "/slots/0?action=restore", {"filename": "len.bin"})
+        assert status != 200, out
+        assert srv.wait_output("the state was saved with --dca-yarn-factor len"), srv.output()[-3000:]
 
 
 def test_slot_save_restore_and_refusals(serve_tree, logits_exe, tmp_path):

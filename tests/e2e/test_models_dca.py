@@ -40,6 +40,7 @@ Threads: DCAFORGE_THREADS (default 2).
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -226,7 +227,7 @@ def test_a_auto_sizes_are_one_half_and_one_eighth(runner, dca_exe, models_dir, a
     (("--dca-chunk-size", "192", "--dca-local-size", "-1"), "--dca-local-size"),
     (("--dca-chunk-size", "-5", "--dca-local-size", "0"), "--dca-chunk-size"),
     (("--dca-chunk-size", "300", "--dca-local-size", "32"), "--dca-chunk-size"),
-    (("--dca-yarn-factor", "-5"), "--dca-yarn-factor"),   # -1 auto, -2 pos, -3 model, -4 chunk in llama_context_params
+    (("--dca-yarn-factor", "-6"), "--dca-yarn-factor"),   # -1 auto, -2 pos, -3 model, -4 chunk, -5 len in llama_context_params
 ], ids=["w-eq-S", "w-negative", "S-negative", "S-above-trained", "yarn-negative"])
 def test_a_impossible_values_fail_at_context_creation(dca_exe, models_dir, args, flag):
     r = subprocess.run([dca_exe, "-m", model(models_dir, "qwen2"), "-o", os.devnull, "--n-tokens", "8", "--dca", "on", *args],
@@ -528,16 +529,50 @@ def test_b_temperature_by_position(runner, dca_exe, models_dir, reference_logits
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_b_temperature_by_prompt_length(runner, dca_exe, models_dir, reference_logits, tmp_path, arch):
+    """--dca-yarn-factor len (opt-in; Qwen2.5-1M's own DCA): every query of a sequence scaled by 0.1 log2(n / L) + 1
+    for a prompt of n > L tokens, n as its caller gives it (dca_logits: all its tokens, or --prompt-len). A prompt of
+    N_REF = 400 tokens (L = 256): within 1e-3 of the reference with F = (400 / 256)^(1/ln 2) (x1.064 on every row), and
+    the same bits in a context four times as large; without a length (0) exactly pos; a prompt within L in that large
+    context bit for bit the temperature off; and the 400 tokens given as a prompt of 9L scale every row x1.317."""
+    from tests.models import reference
+    m = model(models_dir, arch)
+    flag = ("--dca-yarn-factor", "len")
+    run = functools.partial(runner.run, dca_exe, m, fa=False, ctk="f32", ctv="f32", dca=True)
+    _, full = run(N_REF, extra=flag)
+    _, wide = run(N_REF, extra=flag, n_ctx=4 * N_REF)
+    assert np.array_equal(full, wide), "the answer moved with the context size"
+    f_n = (N_REF / tiny.N_CTX_TRAIN) ** (1 / np.log(2))   # 0.1 ln F + 1 = 0.1 log2(N_REF / L) + 1
+    assert rel_err(full[0], reference_logits(arch, True, factor=f_n)).max() < 1e-3
+    _, unset = run(N_REF, extra=(*flag, "--prompt-len", "0"))
+    _, pos = run(N_REF, extra=("--dca-yarn-factor", "pos"))
+    assert np.array_equal(unset, pos), "a sequence without a prompt length is not scaled by its positions"
+    assert not np.array_equal(full, pos)
+    short = tiny.N_CTX_TRAIN - 6
+    _, s_len = run(short, extra=flag, n_ctx=4 * N_REF)
+    _, s_off = run(short, extra=TEMP_OFF, n_ctx=4 * N_REF)
+    assert np.array_equal(s_len, s_off), "a prompt within L moved"
+    _, far = run(N_REF, extra=(*flag, "--prompt-len", str(9 * tiny.N_CTX_TRAIN)))
+    f9 = 9.0 ** (1 / np.log(2))   # 0.1 ln F + 1 = 0.1 log2(9) + 1
+    assert rel_err(far[0], reference_logits(arch, True, factor=f9)).max() < 1e-3
+    r = subprocess.run([dca_exe, "-m", m, "-o", str(tmp_path / "log.f32"), "--n-tokens", "16", "-c", str(N_REF),
+                        "-t", str(THREADS), "-v", *DCA_ON, *flag], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"attention temperature by the prompt's length (len: every query of a sequence whose prompt has n > {tiny.N_CTX_TRAIN}" \
+        in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monkeypatch, arch):
     """The model's own temperature (`<arch>.attention.dual_chunk.temperature`, which `dcaforge calibrate` writes): with
     --dca-yarn-factor left at its default (model), a copy saying pos gives exactly the logits of --dca-yarn-factor pos on
-    the original, one saying chunk those of --dca-yarn-factor chunk, one saying off those of the temperature off;
-    --dca-yarn-factor 0 overrides pos; a value other than pos, chunk or off is refused at context creation, naming the key."""
+    the original, one saying chunk those of --dca-yarn-factor chunk, one saying len those of --dca-yarn-factor len, one saying off those of the temperature off;
+    --dca-yarn-factor 0 overrides pos; a value other than pos, chunk, len or off is refused at context creation, naming the key."""
     from dcaforge.gate import calibrate_gguf
     m = model(models_dir, arch)
     copies = {}
-    monkeypatch.setattr(calibrate_gguf, "TEMPERATURES", ("off", "pos", "chunk", "warm"))
-    for t in ("pos", "chunk", "off", "warm"):
+    monkeypatch.setattr(calibrate_gguf, "TEMPERATURES", ("off", "pos", "chunk", "len", "warm"))
+    for t in ("pos", "chunk", "len", "off", "warm"):
         copies[t] = tmp_path / f"{t}.gguf"
         calibrate_gguf.write_dca_copy(Path(m), copies[t], S, W, t)
     _, pos_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "pos"))
@@ -549,10 +584,13 @@ def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monk
     _, chunk_own = runner.run(dca_exe, str(copies["chunk"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
     assert np.array_equal(pos_own, pos_flag) and np.array_equal(off_own, off_flag) and np.array_equal(pos_zero, off_flag)
     assert np.array_equal(chunk_own, chunk_flag) and not np.array_equal(chunk_flag, pos_flag)
+    _, len_flag = runner.run(dca_exe, m, N_REF, fa=False, ctk="f32", ctv="f32", dca=True, extra=("--dca-yarn-factor", "len"))
+    _, len_own = runner.run(dca_exe, str(copies["len"]), N_REF, fa=False, ctk="f32", ctv="f32", dca=True)
+    assert np.array_equal(len_own, len_flag) and not np.array_equal(len_flag, pos_flag)
     assert not np.array_equal(pos_flag, off_flag), "the temperature by position did not move the logits past L"
     r = subprocess.run([dca_exe, "-m", str(copies["warm"]), "-o", str(tmp_path / "x.f32"), "--n-tokens", "16", "-c", str(N_REF),
                         "-t", str(THREADS), *DCA_ON], capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode != 0 and f"{arch}.attention.dual_chunk.temperature = 'warm' is not pos, chunk or off" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and f"{arch}.attention.dual_chunk.temperature = 'warm' is not pos, chunk, len or off" in r.stderr, r.stderr[-2000:]
 
 
 SE_GW = (4, 64)   # Self-Extend's group size and window on the tiny models: far keys from position 64 on, distances <= 147 < L

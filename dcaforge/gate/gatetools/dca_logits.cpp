@@ -51,6 +51,8 @@ static void usage(const char * argv0) {
         "  --state-at P --state-save FILE   evaluate [0, P), llama_state_save_file, evaluate [P, n)\n"
         "  --state-at P --state-load FILE   llama_state_load_file (exit 5 if refused), evaluate [P, n);\n"
         "                         both output the n-P rows of [P, n)\n"
+        "  --prompt-len N         --dca-yarn-factor len: the prompt length every sequence is given, as llama-server\n"
+        "                         gives a slot its prompt's (default: all its tokens; later rows are generated ones)\n"
         "  --rpc HOST:PORT[,...]  add the devices of these rpc-servers (a build with -DGGML_RPC=ON)\n"
         "  -ngl N                 layers offloaded to the non-CPU devices (default 0; with --rpc: the RPC\n"
         "                         devices, so N below the layer count is a partial offload)\n"
@@ -74,6 +76,7 @@ int main(int argc, char ** argv) {
     std::string state_save, state_load;
     std::string rpc;
     int      ngl      = 0;
+    int      prompt_len = -1;
 
     const int done = gate_parse_args(o, argc, argv, usage, [&](const std::string & a, const auto & next) {
         if      (a == "--tokens")                   tokens_path = next();
@@ -90,6 +93,7 @@ int main(int argc, char ** argv) {
         else if (a == "--state-save")               state_save = next();
         else if (a == "--state-load")               state_load = next();
         else if (a == "--rpc")                      rpc = next();
+        else if (a == "--prompt-len")               prompt_len = std::stoi(next());
         else if (a == "-ngl" || a == "--n-gpu-layers") ngl = std::stoi(next());
         else return false;
         return true;
@@ -162,6 +166,11 @@ int main(int argc, char ** argv) {
     if (!ctx) {
         return 2;
     }
+
+#ifdef DCA
+    // --dca-yarn-factor len: the length of the prompt each sequence gets (a no-op for any other temperature)
+    llama_dca_set_prompt_len(ctx, -1, prompt_len >= 0 ? prompt_len : n, 0);
+#endif
 
     // per sequence, positions [p0, p0 + step) go into one llama_decode call
     const int step = o.n_batch / n_seq;

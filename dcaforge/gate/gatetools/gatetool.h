@@ -18,7 +18,7 @@
 // the last line of both drivers' usage: DCA's options (with -DDCA, the patched llama.h)
 static const char * const GATE_USAGE_DCA =
 #ifdef DCA
-    "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto|pos|chunk|model  --dca-self-extend G\n";
+    "  --dca on|off  --dca-chunk-size S  --dca-local-size W  --dca-yarn-factor F|auto|pos|chunk|len|model  --dca-self-extend G\n";
 #else
     "";
 #endif
@@ -113,7 +113,7 @@ static int parse_gate_opt(gate_opts & o, int argc, char ** argv, int & i) {
     else if (a == "--dca")                          ok = value() && parse_onoff(v, o.dca);
     else if (a == "--dca-chunk-size")               ok = whole(o.dca_chunk);
     else if (a == "--dca-local-size")               ok = whole(o.dca_local);
-    else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = v == "auto" ? -1.0f : v == "pos" ? -2.0f : v == "model" ? -3.0f : v == "chunk" ? -4.0f : std::stof(v), true);
+    else if (a == "--dca-yarn-factor")              ok = value() && (o.dca_yarn = v == "auto" ? -1.0f : v == "pos" ? -2.0f : v == "model" ? -3.0f : v == "chunk" ? -4.0f : v == "len" ? -5.0f : std::stof(v), true);
     else if (a == "--dca-self-extend")              ok = whole(o.dca_self_extend);
 #endif
     else return 0;
