@@ -151,17 +151,18 @@ stage_devchunk() { # the temperature from the chunk length on (--dca-yarn-factor
 
 stage_devlen() { # the temperature from the prompt's length (--dca-yarn-factor len: every query of a prompt of n > L tokens
     # x 0.1 log2(n / L) + 1, as Qwen2.5-1M's DCA; llama-server gives each slot's prompt length, llama-perplexity the window)
-    # on gemma-3's two dev cells, devfar2's 1M cell (its ceiling first; one candidate after the other in $GEMMA_LEN's
-    # order, written down before the run: 4096 / 512 first, the sizes of auto's dev 18/20 and held-out 3/3 at 1M, whose
-    # scale len equals on the bench to within 0.1 log2(1.003)), then the dev perplexity (the rule reads it only to
-    # break a near tie, so it comes last when the device time is short)
+    # on gemma-3's two dev cells and its dev perplexity (the dev rule's whole input over --set dev), then devfar2's 1M
+    # cell (its ceiling first; one candidate after the other in $GEMMA_LEN's order, written down before the run:
+    # 4096 / 512 first, the sizes of auto's dev 18/20 and held-out 3/3 at 1M, whose scale len equals on the bench to
+    # within 0.1 log2(1.003)); run.py choose compares candidates on the trials all of them answered, so a 1M cell cut
+    # short still counts for what it holds
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_LEN --lengths 81920,163840 --jobs 4 "${COMMON[@]}"
+    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_LEN --chars 600000 --jobs 2 "${COMMON[@]}"
     $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     local m
     for m in ${GEMMA_LEN//,/ }; do
         $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
     done
-    $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_LEN --chars 600000 --jobs 2 "${COMMON[@]}"
 }
 
 far_methods() { # the candidates of devfar's cell: $GEMMA_FAR, or with GEMMA_FAR=best2 the dev rule's pick over $GEMMA_DEV

@@ -588,8 +588,8 @@ def test_longctx_devfar_falls_back_to_devfar2_only_when_devfars_ceiling_fails(tm
 
 def test_longctx_devlen_runs_dev_cells_then_the_1m_cell_one_candidate_after_the_other(tmp_path: Path) -> None:
     """gpu.sh's stage devlen (--dca-yarn-factor len), with the real bash and a stand-in run.py that records its calls:
-    gemma-3's two dev cells for $GEMMA_LEN, devfar2's ceiling, then its 1M cell for each candidate alone, in the order
-    written down (4096 / 512 first), and the dev perplexity last."""
+    gemma-3's two dev cells and its dev perplexity for $GEMMA_LEN, devfar2's ceiling, then its 1M cell for each candidate
+    alone, in the order written down (4096 / 512 first)."""
     calls = tmp_path / "calls"
     stub = tmp_path / "run.py"
     stub.write_text(f'#!/bin/bash\necho "$*" >> "{calls}"\nexit 0\n')
@@ -602,10 +602,10 @@ def test_longctx_devlen_runs_dev_cells_then_the_1m_cell_one_candidate_after_the_
     got = [" ".join(line.split()[:9]) for line in calls.read_text().splitlines()]
     both = "--methods dca:4096:512:len,dca:16384:2048:len"
     assert got == [f"passkey --set dev --model gemma-3-270m {both} --lengths 81920,163840",
+                   f"ppl --set dev --model gemma-3-270m {both} --chars 600000",
                    "passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside",
                    "passkey --set devfar2 --model gemma-3-270m --methods dca:4096:512:len --lengths 988000",
-                   "passkey --set devfar2 --model gemma-3-270m --methods dca:16384:2048:len --lengths 988000",
-                   f"ppl --set dev --model gemma-3-270m {both} --chars 600000"]
+                   "passkey --set devfar2 --model gemma-3-270m --methods dca:16384:2048:len --lengths 988000"]
 
 
 def test_longctx_devfar_best2_runs_the_dev_rules_pick_and_runner_up(tmp_path: Path) -> None:
