@@ -47,7 +47,10 @@
 #              next session first builds the prompt-length temperature written down in bench/RESULTS.md ("Eighth
 #              round"), then runs its dev cells and devfar2's 1M cell beside the dev choice; 2026-12-07 (ninth round)
 #              built it (--dca-yarn-factor len) and runs GEMMA_ONLY=1 STAGES=devlen; after three failed starts left
-#              22 minutes, GEMMA_LEN=dca:4096:512:len alone (written down before the run, RESULTS.md "Ninth round")
+#              22 minutes, GEMMA_LEN=dca:4096:512:len alone (written down before the run, RESULTS.md "Ninth round");
+#              it ran on an H200 with 581 s left (dev cells and perplexity whole, 1 trial of the 1M cell; the choice
+#              stays), so the next session runs GEMMA_ONLY=1 GEMMA_LEN=dca:4096:512:len STAGES=devlen again (what is
+#              measured is skipped: the 1M cell's other nine trials) and then dca:16384:2048:len
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
