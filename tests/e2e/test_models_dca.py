@@ -535,7 +535,6 @@ def test_b_temperature_by_prompt_length(runner, dca_exe, models_dir, reference_l
     N_REF = 400 tokens (L = 256): within 1e-3 of the reference with F = (400 / 256)^(1/ln 2) (x1.064 on every row), and
     the same bits in a context four times as large; without a length (0) exactly pos; a prompt within L in that large
     context bit for bit the temperature off; and the 400 tokens given as a prompt of 9L scale every row x1.317."""
-    from tests.models import reference
     m = model(models_dir, arch)
     flag = ("--dca-yarn-factor", "len")
     run = functools.partial(runner.run, dca_exe, m, fa=False, ctk="f32", ctv="f32", dca=True)
@@ -566,8 +565,9 @@ def test_b_temperature_by_prompt_length(runner, dca_exe, models_dir, reference_l
 def test_b_temperature_from_the_gguf(runner, dca_exe, models_dir, tmp_path, monkeypatch, arch):
     """The model's own temperature (`<arch>.attention.dual_chunk.temperature`, which `dcaforge calibrate` writes): with
     --dca-yarn-factor left at its default (model), a copy saying pos gives exactly the logits of --dca-yarn-factor pos on
-    the original, one saying chunk those of --dca-yarn-factor chunk, one saying len those of --dca-yarn-factor len, one saying off those of the temperature off;
-    --dca-yarn-factor 0 overrides pos; a value other than pos, chunk, len or off is refused at context creation, naming the key."""
+    the original, one saying chunk those of --dca-yarn-factor chunk, one saying len those of --dca-yarn-factor len, one
+    saying off those of the temperature off; --dca-yarn-factor 0 overrides pos; a value other than pos, chunk, len or off
+    is refused at context creation, naming the key."""
     from dcaforge.gate import calibrate_gguf
     m = model(models_dir, arch)
     copies = {}
