@@ -50,7 +50,12 @@
 #              22 minutes, GEMMA_LEN=dca:4096:512:len alone (written down before the run, RESULTS.md "Ninth round");
 #              it ran on an H200 with 581 s left (dev cells and perplexity whole, 1 trial of the 1M cell; the choice
 #              stays), so the next session runs GEMMA_ONLY=1 GEMMA_LEN=dca:4096:512:len STAGES=devlen again (what is
-#              measured is skipped: the 1M cell's other nine trials) and then dca:16384:2048:len
+#              measured is skipped: the 1M cell's other nine trials) and then dca:16384:2048:len; 2026-12-07 late
+#              (tenth round, written down before the run) runs GEMMA_ONLY=1 GEMMA_LENFAR=dca:4096:512:len
+#              GEMMA_LEN=dca:16384:2048:len GEMMA_DEV=dca:16384:2048,dca:4096:512:pos,dca:4096:512:len
+#              DEV_SETS=dev,devfar,devfar2 STAGES="devlenfar heldout5g devlen" (the 1M dev cell of 4096/512 len; the
+#              dev rule over the three candidates with all three dev cells, and heldout5's cells only if it moves;
+#              then 16384/2048 len's dev cells, perplexity and 1M cell for a later choice)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -75,6 +80,7 @@ GEMMA_FAR=${GEMMA_FAR:-dca:16384:2048,dca:4096:512:pos}   # devfar's 1M dev cell
 # (best2: the dev rule's pick over $GEMMA_DEV on the 2.5x and 5x dev cells and its runner-up, far_methods)
 GEMMA_CHUNK=${GEMMA_CHUNK:-dca:4096:512:chunk,dca:16384:2048:chunk}   # --dca-yarn-factor chunk (stage devchunk)
 GEMMA_LEN=${GEMMA_LEN:-dca:4096:512:len,dca:16384:2048:len}   # --dca-yarn-factor len (stage devlen; the 1M cell in this order)
+GEMMA_LENFAR=${GEMMA_LENFAR:-dca:4096:512:len}   # stage devlenfar: devfar2's 1M cell alone, in this order
 DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar,devfar2 with stage devfar: GEMMA_DEV=$GEMMA_FAR then)
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
@@ -164,6 +170,16 @@ stage_devlen() { # the temperature from the prompt's length (--dca-yarn-factor l
     $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     local m
     for m in ${GEMMA_LEN//,/ }; do
+        $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
+    done
+}
+
+stage_devlenfar() { # devfar2's 1M cell alone for $GEMMA_LENFAR (default: dca:4096:512:len, whose dev cells and dev
+    # perplexity are committed and whose 1M cell holds 1 of 10 trials): the one cell that can still move the dev choice
+    # among the measured candidates (tenth round, RESULTS.md), so it runs before any new candidate's dev cells
+    $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
+    local m
+    for m in ${GEMMA_LENFAR//,/ }; do
         $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
     done
 }

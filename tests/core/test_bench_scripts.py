@@ -608,6 +608,27 @@ def test_longctx_devlen_runs_dev_cells_then_the_1m_cell_one_candidate_after_the_
                    "passkey --set devfar2 --model gemma-3-270m --methods dca:16384:2048:len --lengths 988000"]
 
 
+def test_longctx_devlenfar_runs_the_1m_cell_alone(tmp_path: Path) -> None:
+    """gpu.sh's stage devlenfar: devfar2's ceiling, then its 1M cell for each of $GEMMA_LENFAR in order, and nothing
+    else (no dev cell, no perplexity: those of 4096 / 512 len are committed)."""
+    calls = tmp_path / "calls"
+    stub = tmp_path / "run.py"
+    stub.write_text(f'#!/bin/bash\necho "$*" >> "{calls}"\nexit 0\n')
+    stub.chmod(0o755)
+    (tmp_path / "lc" / "out").mkdir(parents=True)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    for lenfar, want in ((None, ["dca:4096:512:len"]), ("dca:4096:512:len,dca:8192:1024:len",
+                                                        ["dca:4096:512:len", "dca:8192:1024:len"])):
+        calls.unlink(missing_ok=True)
+        r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; RUN="{stub}"; stage_devlenfar'], cwd=ROOT,
+                           check=False, env={**env, **({"GEMMA_LENFAR": lenfar} if lenfar else {})},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = [" ".join(line.split()[:9]) for line in calls.read_text().splitlines()]
+        assert got == ["passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside",
+                       *(f"passkey --set devfar2 --model gemma-3-270m --methods {m} --lengths 988000" for m in want)]
+
+
 def test_longctx_devfar_best2_runs_the_dev_rules_pick_and_runner_up(tmp_path: Path) -> None:
     """GEMMA_FAR=best2: stage devfar's 1M cell runs the dev rule's pick over $GEMMA_DEV on the dev set alone and the pick
     over the rest (a stand-in run.py whose choose answers the candidate it is told to, by the order given), both asked
