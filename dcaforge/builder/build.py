@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 from dcaforge.builder.buildlog import Progress, first_error, parse_progress
-from dcaforge.builder.cmake import build_cmake, cmake_configure_args
+from dcaforge.builder.cmake import NO_AMX_FLAGS, build_cmake, cmake_configure_args, host_has_amx
 from dcaforge.builder.llamafile import build_llamafile
 from dcaforge.builder.plan_cmake import CmakePlan, cmake_plan
 from dcaforge.builder.plan_llamafile import DryRunReport, dry_run
@@ -41,8 +41,8 @@ from dcaforge.builder.worktree import baseline_path, ensure_baseline_worktree
 from dcaforge.config import Config
 from dcaforge.room.cleanroom import Room, locked
 
-__all__ = ["BuildHooks", "BuildResult", "CmakePlan", "DryRunReport", "Progress", "Step", "baseline_path", "build",
-           "cmake_configure_args", "cmake_plan", "dry_run", "first_error", "parse_progress"]
+__all__ = ["NO_AMX_FLAGS", "BuildHooks", "BuildResult", "CmakePlan", "DryRunReport", "Progress", "Step", "baseline_path",
+           "build", "cmake_configure_args", "cmake_plan", "dry_run", "first_error", "host_has_amx", "parse_progress"]
 
 
 def build(cfg: Config, *, cuda: bool = False, baseline: bool = False, targets: Sequence[str] | None = None,

@@ -37,11 +37,38 @@ DEFAULT_DEFINES: tuple[tuple[str, str], ...] = (
 )
 STAMP = "dcaforge-configure.json"
 
+#: What a native build leaves out on a CPU with AMX. Upstream ggml's AMX kernels (ggml-cpu/amx, compiled when
+#: -march=native turns AMX on) load a tile configuration that the compiler has reduced to its palette byte (GCC 12:
+#: the stores of rows and colsb before ldtilecfg are dropped), so the first ``tilezero`` stops the program with SIGILL
+#: (llama.cpp pull request 26954). Without AMX, ggml uses its AVX-512 kernels. A config that sets GGML_NATIVE, or
+#: CMAKE_C_FLAGS / CMAKE_CXX_FLAGS, builds as it says instead.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def host_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's CPU reports AMX tiles (Linux's /proc/cpuinfo flag ``amx_tile``)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and "amx_tile" in line.split() for line in text.splitlines())
+
+
+def _on(value: str) -> bool:
+    return value.strip().upper() in ("ON", "TRUE", "1", "YES", "Y")
+
+
+def leaves_out_amx(defines: dict[str, str], *, amx: bool) -> bool:
+    """Whether a configure with ``defines`` (everything merged) on a host with ``amx`` gets :data:`NO_AMX_FLAGS`:
+    a native build (GGML_NATIVE unset or on) whose C and C++ flags the config leaves alone."""
+    return (amx and _on(defines.get("GGML_NATIVE", "ON"))
+            and "CMAKE_C_FLAGS" not in defines and "CMAKE_CXX_FLAGS" not in defines)
+
 
 def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bool, ccache: bool,
-                         nvcc: str | None = None) -> list[str]:
+                         nvcc: str | None = None, amx: bool = False) -> list[str]:
     """The cmake configure command line (defaults, then the config's defines, then CUDA and the
-    config's cuda_defines)."""
+    config's cuda_defines; on a host with ``amx``, a native build without AMX: :data:`NO_AMX_FLAGS`)."""
     c = cfg.build.cmake
     defines = dict(DEFAULT_DEFINES)
     defines["GGML_CCACHE"] = "ON" if ccache else "OFF"
@@ -52,14 +79,16 @@ def cmake_configure_args(cfg: Config, source: Path, build_dir: Path, *, cuda: bo
         defines.update(dict(c.cuda_defines))
         if nvcc:
             defines.setdefault("CMAKE_CUDA_COMPILER", nvcc)
+    if leaves_out_amx(defines, amx=amx):
+        defines["CMAKE_C_FLAGS"] = defines["CMAKE_CXX_FLAGS"] = NO_AMX_FLAGS
     return ["cmake", "-S", str(source), "-B", str(build_dir), "-G", c.generator,
             *[f"-D{k}={v}" for k, v in defines.items()]]
 
 
 def configure_argv(cfg: Config, cmake: str, source: Path, build_dir: Path, *, cuda: bool, ccache: bool,
                    nvcc: str | None) -> list[str]:
-    """:func:`cmake_configure_args` with the cmake found on this machine."""
-    args = cmake_configure_args(cfg, source, build_dir, cuda=cuda, ccache=ccache, nvcc=nvcc)
+    """:func:`cmake_configure_args` with the cmake found on this machine, for this machine's CPU."""
+    args = cmake_configure_args(cfg, source, build_dir, cuda=cuda, ccache=ccache, nvcc=nvcc, amx=host_has_amx())
     args[0] = cmake
     return args
 
@@ -97,6 +126,10 @@ def build_cmake(cfg: Config, room: Room, tree: Path, variant: str, cuda: bool, t
     res = BuildResult(backend="cmake", variant=variant, tree=tree, source=source, build_dir=build_dir, cuda=cuda,
                       targets=tgts, jobs=jobs, log=log, ccache=ccache)
     args = configure_argv(cfg, cmake, source, build_dir, cuda=cuda, ccache=ccache, nvcc=nvcc)
+    if f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}" in args:
+        res.notes.append(f"this CPU has AMX: built native without it ({NO_AMX_FLAGS}), since upstream ggml's AMX "
+                         "kernels stop with SIGILL as GCC builds them (llama.cpp pull request 26954); set GGML_NATIVE "
+                         "or CMAKE_CXX_FLAGS in build.cmake.defines to build otherwise")
     _configure(runner, args, tree, source, build_dir, ninja=gen == "ninja")
     if gen == "ninja":
         argv = [tool, "-C", str(build_dir), f"-j{jobs}", *tgts]

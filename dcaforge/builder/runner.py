@@ -52,6 +52,7 @@ class BuildResult:
     steps: list[Step] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
     programs: dict[str, Path] = field(default_factory=dict)  # each target built as an executable -> its file
+    notes: list[str] = field(default_factory=list)  # what the build did that the config did not say (printed)
 
     @property
     def compiled(self) -> int:

@@ -81,6 +81,8 @@ def _print_result(res: BuildResult) -> None:
     out.print(f"output:    {', '.join(str(o) for o in res.outputs)}")
     out.print(f"targets:   {' '.join(res.targets) or '(default)'}  -j{res.jobs}  ccache {'on' if res.ccache else 'off'}")
     out.print(f"log:       {res.log}")
+    for note in res.notes:
+        out.print(f"note:      {escape(note)}")
     out.print(f"total:     {res.seconds:.1f} s" + ("  (nothing to rebuild)" if res.compiled == 0 else ""))
     if res.programs:
         out.print("programs:")

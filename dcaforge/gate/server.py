@@ -36,6 +36,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def died_hint(rc: int | None) -> str | None:
+    """What to do about a llama-server that exited with ``rc``: for an illegal instruction (SIGILL), how to build one
+    this machine runs; None otherwise (the log's tail says the rest)."""
+    if rc not in (-signal.SIGILL, 128 + signal.SIGILL):
+        return None
+    return ("it died of an illegal instruction (SIGILL): the build uses a CPU instruction this machine does not run "
+            "(a native build made on another machine, or an upstream kernel that stops like this: ggml's AMX ones, "
+            "which `dcaforge build` leaves out on a CPU with AMX unless build.cmake.defines sets GGML_NATIVE or "
+            "CMAKE_CXX_FLAGS). Build a portable one: copy examples/upstream.yaml to ./dcaforge.yaml with `root: .` "
+            "(or edit your config), add `defines: {GGML_NATIVE: OFF, GGML_AVX2: ON, GGML_FMA: ON, GGML_F16C: ON}` "
+            "under build.cmake, and run `dcaforge build` again")
+
+
 class HttpError(Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"HTTP {status}: {body[:500]}")
@@ -118,7 +131,7 @@ class LlamaServer:
             rc = self.proc.poll()
             if rc is not None:
                 raise GateError(f"llama-server exited (status {rc}) before it was ready", where=f"log: {self.log}",
-                                details=self._tail())
+                                hint=died_hint(rc), details=self._tail())
             try:
                 status, _ = self._request("GET", "/health", None, timeout=5)
                 if status == 200:
@@ -168,14 +181,15 @@ class LlamaServer:
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         if self.proc is None or self.proc.poll() is not None:
+            rc = self.proc.poll() if self.proc else None
             raise GateError("llama-server is not running (it stopped or crashed)", where=f"log: {self.log}",
-                            details=self._tail())
+                            hint=died_hint(rc), details=self._tail())
         try:
             return self._request("POST", path, body, timeout=self.request_timeout)[1]
         except OSError as exc:  # the connection broke: most often the server died (out of memory, an abort)
             rc = self.proc.poll() if self.proc else None
             raise GateError(f"POST {path} failed: {exc}" + (f" (llama-server exited, status {rc})" if rc is not None else ""),
-                            where=f"log: {self.log}", details=self._tail()) from None
+                            where=f"log: {self.log}", hint=died_hint(rc), details=self._tail()) from None
 
     def tokenize(self, text: str) -> list[int]:
         """The tokens ``/completion`` makes of ``text`` (BOS and special tokens as it adds them)."""

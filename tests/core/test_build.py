@@ -146,6 +146,34 @@ def test_build_config_defaults_and_values(tmp_path: Path) -> None:
     assert not any("ARCHITECTURES" in a or "ALL_QUANTS" in a for a in cpu)
 
 
+def test_a_native_build_on_a_cpu_with_amx_leaves_amx_out(tmp_path: Path) -> None:
+    """On a CPU with AMX, a native build (GGML_NATIVE unset or on, after cuda_defines) gets -mno-amx-*: upstream
+    ggml's AMX kernels stop with SIGILL as GCC 12 builds them. A config that turns native off or sets its own C/C++
+    flags builds as it says; without AMX nothing changes. And the host check reads /proc/cpuinfo's flags line."""
+    flag = f"-DCMAKE_CXX_FLAGS={bmod.NO_AMX_FLAGS}"
+    plain = _cfg(tmp_path, "")
+    assert flag in bmod.cmake_configure_args(plain, Path("/s"), Path("/b"), cuda=False, ccache=False, amx=True)
+    assert f"-DCMAKE_C_FLAGS={bmod.NO_AMX_FLAGS}" in bmod.cmake_configure_args(plain, Path("/s"), Path("/b"),
+                                                                                cuda=True, ccache=False, amx=True)
+    assert not any("amx" in a for a in bmod.cmake_configure_args(plain, Path("/s"), Path("/b"), cuda=False,
+                                                                  ccache=False, amx=False))
+    for defines, cuda, out in (("{GGML_NATIVE: OFF}", False, False), ("{GGML_NATIVE: false}", False, False),
+                               ("{GGML_NATIVE: ON}", False, True), ("{CMAKE_CXX_FLAGS: -O2}", False, False),
+                               ("{CMAKE_C_FLAGS: -O2}", False, False)):
+        cfg = _cfg(tmp_path, f"build:\n  cmake:\n    defines: {defines}\n")
+        args = bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=cuda, ccache=False, amx=True)
+        assert (flag in args) is out, defines
+    cfg = _cfg(tmp_path, "build:\n  cmake:\n    defines: {GGML_NATIVE: OFF}\n    cuda_defines: {GGML_NATIVE: ON}\n")
+    assert flag in bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=True, ccache=False, amx=True)
+    assert flag not in bmod.cmake_configure_args(cfg, Path("/s"), Path("/b"), cuda=False, ccache=False, amx=True)
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n")
+    assert bmod.host_has_amx(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\nbugs\t\t: amx_tile_spectre\n")
+    assert not bmod.host_has_amx(info)
+    assert not bmod.host_has_amx(tmp_path / "missing")
+
+
 @pytest.mark.parametrize("extra, message, line", [
     ("build:\n  backend: bazel\n", "'build.backend' must be one of cmake, llamafile, got 'bazel'", 10),
     ("build:\n  cmake:\n    genrator: Ninja\n", "unknown key 'build.cmake.genrator'", 11),

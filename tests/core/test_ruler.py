@@ -5,6 +5,7 @@ token per byte), exact-match scoring, the gate schema, and the server wrapper's 
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,23 @@ def test_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
             pass
     assert "exited (status 1) before it was ready" in ei.value.message
     assert log.read_text().startswith("$ /bin/false -m x.gguf --host 127.0.0.1 --port ")
+
+
+def test_server_that_dies_of_sigill_says_how_to_build_one_this_machine_runs(tmp_path: Path) -> None:
+    """A server killed by SIGILL (a native build on a machine that does not run one of its instructions: AMX here, see
+    docs/dca.md) gets a hint that names the portable build; another exit gets none."""
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\nkill -ILL $$\n")
+    exe.chmod(0o755)
+    with pytest.raises(GateError) as ei:
+        with LlamaServer(exe, ["-m", "x.gguf"], tmp_path / "server.log", load_timeout=10):
+            pass
+    assert f"exited (status -{signal.SIGILL}) before it was ready" in ei.value.message
+    assert ei.value.hint is not None and "GGML_NATIVE: OFF" in ei.value.hint and "dcaforge build" in ei.value.hint
+    with pytest.raises(GateError) as ei:
+        with LlamaServer(Path("/bin/false"), ["-m", "x.gguf"], tmp_path / "server2.log", load_timeout=10):
+            pass
+    assert ei.value.hint is None
 
 
 def word_tokens(text: str) -> int:
