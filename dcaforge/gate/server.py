@@ -41,12 +41,13 @@ def died_hint(rc: int | None) -> str | None:
     this machine runs; None otherwise (the log's tail says the rest)."""
     if rc not in (-signal.SIGILL, 128 + signal.SIGILL):
         return None
-    return ("it died of an illegal instruction (SIGILL): the build uses a CPU instruction this machine does not run "
-            "(a native build made on another machine, or an upstream kernel that stops like this: ggml's AMX ones, "
-            "which `dcaforge build` leaves out on a CPU with AMX unless build.cmake.defines sets GGML_NATIVE or "
-            "CMAKE_CXX_FLAGS). Build a portable one: copy examples/upstream.yaml to ./dcaforge.yaml with `root: .` "
-            "(or edit your config), add `defines: {GGML_NATIVE: OFF, GGML_AVX2: ON, GGML_FMA: ON, GGML_F16C: ON}` "
-            "under build.cmake, and run `dcaforge build` again")
+    return ("it died of an illegal instruction (SIGILL): the build uses a CPU instruction this machine does not run. "
+            "On a CPU with AMX, upstream ggml's AMX kernels stop like this, and `dcaforge build` now leaves them out "
+            "of a native build: run `dcaforge build` again (it reconfigures). If it still stops (a build made on "
+            "another machine, or a config that sets GGML_NATIVE or CMAKE_CXX_FLAGS), build a portable one: copy "
+            "examples/upstream.yaml to ./dcaforge.yaml with `root: .` (or edit your config), add "
+            "`defines: {GGML_NATIVE: OFF, GGML_AVX2: ON, GGML_FMA: ON, GGML_F16C: ON}` under build.cmake, and run "
+            "`dcaforge build` again")
 
 
 class HttpError(Exception):
