@@ -167,19 +167,19 @@ stage_devlen() { # the temperature from the prompt's length (--dca-yarn-factor l
     # short still counts for what it holds
     $RUN passkey --set dev --model gemma-3-270m --methods $GEMMA_LEN --lengths 81920,163840 --jobs 4 "${COMMON[@]}"
     $RUN ppl --set dev --model gemma-3-270m --methods $GEMMA_LEN --chars 600000 --jobs 2 "${COMMON[@]}"
-    $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
-    local m
-    for m in ${GEMMA_LEN//,/ }; do
-        $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
-    done
+    devfar2_one_by_one "$GEMMA_LEN"
 }
 
 stage_devlenfar() { # devfar2's 1M cell alone for $GEMMA_LENFAR (default: dca:4096:512:len, whose dev cells and dev
     # perplexity are committed and whose 1M cell holds 1 of 10 trials): the one cell that can still move the dev choice
     # among the measured candidates (tenth round, RESULTS.md), so it runs before any new candidate's dev cells
+    devfar2_one_by_one "$GEMMA_LENFAR"
+}
+
+devfar2_one_by_one() { # METHODS (comma-separated): devfar2's ceiling, then its 1M cell (988,000) for each method alone, in order
     $RUN passkey --set devfar2 --model gemma-3-270m --methods plain --lengths inside "${COMMON[@]}"
     local m
-    for m in ${GEMMA_LENFAR//,/ }; do
+    for m in ${1//,/ }; do
         $RUN passkey --set devfar2 --model gemma-3-270m --methods $m --lengths 988000 "${COMMON[@]}"
     done
 }
