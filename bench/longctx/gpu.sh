@@ -55,7 +55,13 @@
 #              GEMMA_LEN=dca:16384:2048:len GEMMA_DEV=dca:16384:2048,dca:4096:512:pos,dca:4096:512:len
 #              DEV_SETS=dev,devfar,devfar2 STAGES="devlenfar heldout5g devlen" (the 1M dev cell of 4096/512 len; the
 #              dev rule over the three candidates with all three dev cells, and heldout5's cells only if it moves;
-#              then 16384/2048 len's dev cells, perplexity and 1M cell for a later choice)
+#              then 16384/2048 len's dev cells, perplexity and 1M cell for a later choice); it ran in the next session
+#              on an H100 (4096/512 len 4/10 at 1M: the choice stays; 16384/2048 len 29/40 on dev, 3/3 of its first
+#              1M trials, cut there by the device time), so the next session (eleventh round, written down before the
+#              run) runs GEMMA_ONLY=1 GEMMA_LENFAR=dca:16384:2048:len GEMMA_DEV=dca:16384:2048,dca:4096:512:pos,
+#              dca:4096:512:len,dca:16384:2048:len DEV_SETS=dev,devfar,devfar2 STAGES="devlenfar heldout5g heldout4g"
+#              (the 1M cell's seven trials not run; one found makes the rule pick 16384/2048 len, whose heldout5 and
+#              heldout4 cells then run; none found keeps the choice and nothing else runs)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
