@@ -3,7 +3,11 @@
 #   pieces     copy the carried pieces (cleanroom/gpu/{gemma,smol}.NN, bench/longctx/pack.sh) to ~/model and join each
 #              model once all its pieces are there (sha256 checked)
 #   build_bg   unpack cleanroom/gpu/tree.tar.gz (the clean room, rendered) and texts.tar.gz, and build llama-server,
-#              llama-perplexity and llama-batched-bench with CUDA (sm_90), detached
+#              llama-perplexity and llama-batched-bench with CUDA (sm_90), detached; or, where the call carries
+#              cleanroom/gpu/bin.tar.gz (bench/longctx/prebuild.sh, the same three built here without a GPU from the
+#              same tree.tar.gz), take those when their stamp and a CUDA device check out (use_prebuilt): ~6 device
+#              minutes saved. With the repository (~11 MB) bin.tar.gz (~49 MB) leaves no room for the tree and
+#              texts, so it goes first, alone, with `pieces` (which keeps it in ~/llb), then build_bg as before
 #   run_bg     the protocol's $STAGES (default "dev heldout ppl speed"), detached, once the build and both models are
 #              there (below); results in ~/lc. The machine is handed back 30 s after a call ends, detached work with
 #              it: keep calling `wait` back to back. Committed: dev (2026-12-05, dev-results/, its perplexities
@@ -91,6 +95,10 @@ DEV_SETS=${DEV_SETS:-dev}   # the sets a choice reads (dev,devfar,devfar2 with s
 GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage se): W = L/8, L/16, G by longctx.se_group
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
+PACK=${PACK:-cleanroom/gpu}   # what the calls carry (pack.sh's pieces; prebuild.sh's bin.tar.gz)
+# a prebuilt bin (prebuild.sh, step build_bg) finds its own libraries there and the toolkit's cuBLAS
+CUDA_LIBS=/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib   # cudart, cuBLAS
+if [ -f ~/llb/prebuilt ]; then export LD_LIBRARY_PATH="$BIN:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 RUN="python3 $REPO/bench/longctx/run.py"
 COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
 
@@ -104,14 +112,36 @@ join_model() { # file sha prefix
 }
 
 step_pieces() {
-    cp cleanroom/gpu/gemma.* cleanroom/gpu/smol.* ~/model/ 2>/dev/null
+    cp "$PACK"/gemma.* "$PACK"/smol.* ~/model/ 2>/dev/null
+    # prebuild.sh's bin.tar.gz (~49 MB) goes up in a call of its own; kept outside the work tree for build_bg
+    if [ -f "$PACK/bin.tar.gz" ]; then cp "$PACK/bin.tar.gz" ~/llb/bin.tar.gz && echo "bin.tar.gz: kept for build_bg"; fi
     join_model gemma3-270m-q4_k_m.gguf $GEMMA_SHA gemma
     join_model smollm2-135m-instruct-q4_1.gguf $SMOL_SHA smol
 }
 
+use_prebuilt() { # $PACK/bin.tar.gz (bench/longctx/prebuild.sh: built without a GPU from the same tree.tar.gz, no device
+    # minutes): used when its stamp names the carried tree.tar.gz and its llama-server lists a CUDA device here;
+    # otherwise (return 1) build_bg builds on the device as before
+    local pb=$PACK/bin.tar.gz want lib="$BIN:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    [ -f "$pb" ] || pb=~/llb/bin.tar.gz   # carried by an earlier call (step pieces)
+    [ -f "$pb" ] || return 1
+    want=$(sha256sum "$PACK/tree.tar.gz" 2>/dev/null | cut -d' ' -f1)
+    rm -rf ~/llb/build ~/llb/prebuilt && mkdir -p "$BIN" && tar xzf "$pb" -C "$BIN" || { rm -rf ~/llb/build; return 1; }
+    if [ -z "$want" ] || [ "$(cat "$BIN/tree.sha256" 2>/dev/null)" != "$want" ]; then
+        echo "prebuilt: not built from the carried tree.tar.gz; building here"; rm -rf ~/llb/build; return 1
+    fi
+    if ! LD_LIBRARY_PATH=$lib "$BIN/llama-server" --list-devices > ~/llb/build.log 2>&1 || ! grep -q "CUDA0" ~/llb/build.log; then
+        echo "prebuilt: its llama-server lists no CUDA device here; building here"; tail -3 ~/llb/build.log
+        rm -rf ~/llb/build; return 1
+    fi
+    touch ~/llb/prebuilt; echo 0 > ~/llb/build.rc
+    echo "build: prebuilt (prebuild.sh):$(grep -m1 "CUDA0" ~/llb/build.log)"
+}
+
 step_build_bg() {
-    if [ -f cleanroom/gpu/texts.tar.gz ]; then mkdir -p ~/lc/texts && tar xzf cleanroom/gpu/texts.tar.gz -C ~/lc/texts; fi
-    rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf cleanroom/gpu/tree.tar.gz -C ~/llb/src || { echo "no tree"; return 1; }
+    if [ -f "$PACK"/texts.tar.gz ]; then mkdir -p ~/lc/texts && tar xzf "$PACK"/texts.tar.gz -C ~/lc/texts; fi
+    use_prebuilt && return 0
+    rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf "$PACK"/tree.tar.gz -C ~/llb/src || { echo "no tree"; return 1; }
     setsid nohup bash -c "cmake -S ~/llb/src -B ~/llb/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
         > ~/llb/build.log 2>&1 && ninja -C ~/llb/build -j16 llama-server llama-perplexity llama-batched-bench \

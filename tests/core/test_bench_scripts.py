@@ -4,6 +4,7 @@ setting names that bench/RESULTS.md quotes, here, with the real bash."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import subprocess
@@ -525,6 +526,79 @@ def test_longctx_pipeline_starts_from_the_committed_trials(tmp_path: Path) -> No
     (home / "llb" / "build.rc").write_text("2\n")
     r = pipeline()
     assert "build failed" in r.stdout and "== probe" not in r.stdout
+
+
+def test_longctx_build_uses_a_prebuilt_bin_only_for_its_own_tree_and_a_cuda_device(tmp_path: Path) -> None:
+    """gpu.sh's use_prebuilt (step build_bg), with the real bash and tar and a stand-in llama-server: prebuild.sh's
+    bin.tar.gz is unpacked and taken as the build (build.rc 0, and the pipeline, sourcing gpu.sh again, finds its
+    libraries) only when its stamp is the carried tree.tar.gz's sha256 and its server lists a CUDA device; built from
+    another tree, or listing none (a device without the driver it needs), it is removed and the device builds as before."""
+    home, pack, stage = tmp_path / "home", tmp_path / "pack", tmp_path / "stage"
+    for d in (home, pack, stage):
+        d.mkdir(exist_ok=True)
+    (pack / "tree.tar.gz").write_bytes(b"the tree")
+    tree_sha = hashlib.sha256(b"the tree").hexdigest()
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PACK": str(pack), "OUT": str(tmp_path / "out")}
+
+    def pack_bin(stamp: str, devices: str) -> None:
+        server = stage / "llama-server"
+        server.write_text(f'#!/bin/bash\n[ "$1" = --list-devices ] || exit 9\necho "Available devices:"\n{devices}\n')
+        server.chmod(0o755)
+        (stage / "tree.sha256").write_text(stamp + "\n")
+        subprocess.run(["tar", "czf", str(pack / "bin.tar.gz"), "-C", str(stage), "llama-server", "tree.sha256"], check=True)
+
+    def use() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; use_prebuilt'], cwd=ROOT, env=env, check=False,
+                              capture_output=True, text=True, timeout=60)
+
+    bindir = home / "llb" / "build" / "bin"
+    assert use().returncode == 1 and not (home / "llb" / "build.rc").exists()          # none carried
+    pack_bin("0" * 64, 'echo "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80000 MiB free)"')
+    r = use()
+    assert r.returncode == 1 and "not built from the carried tree.tar.gz" in r.stdout, r.stdout + r.stderr
+    assert not bindir.exists() and not (home / "llb" / "build.rc").exists()
+    pack_bin(tree_sha, "true")
+    r = use()
+    assert r.returncode == 1 and "lists no CUDA device" in r.stdout, r.stdout + r.stderr
+    assert not bindir.exists() and not (home / "llb" / "prebuilt").exists()
+    pack_bin(tree_sha, 'echo "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80000 MiB free)"')
+    r = use()
+    assert r.returncode == 0 and "build: prebuilt" in r.stdout and "CUDA0: NVIDIA H100" in r.stdout, r.stdout + r.stderr
+    assert (home / "llb" / "build.rc").read_text() == "0\n" and (bindir / "llama-server").exists()
+    r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; echo "$LD_LIBRARY_PATH"'], cwd=ROOT, env=env, check=False,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().split(":")[:2] == [str(bindir), "/usr/local/cuda/lib64"], r.stdout + r.stderr
+    # carried alone by an earlier call: step pieces keeps it in ~/llb, where use_prebuilt finds it
+    r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; step_pieces'], cwd=ROOT, env=env, check=False,
+                       capture_output=True, text=True, timeout=60)
+    assert "bin.tar.gz: kept for build_bg" in r.stdout and (home / "llb" / "bin.tar.gz").exists(), r.stdout + r.stderr
+    (pack / "bin.tar.gz").unlink()
+    (home / "llb" / "build.rc").unlink()
+    r = use()
+    assert r.returncode == 0 and "build: prebuilt" in r.stdout and (home / "llb" / "build.rc").exists(), r.stdout + r.stderr
+
+
+def test_longctx_prebuild_says_what_it_needs_before_it_builds(tmp_path: Path) -> None:
+    """bench/longctx/prebuild.sh, with the real bash: without pack.sh's tree.tar.gz, or without the cuBLAS wheel, it
+    stops before it removes or builds anything and names what to run; its build folder is left as it was."""
+    script = ROOT / "bench" / "longctx" / "prebuild.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    pack, wheels, work = tmp_path / "pack", tmp_path / "wheels", tmp_path / "work"
+    for d in (pack, wheels, work):
+        d.mkdir()
+    (work / "keep").write_text("x")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PACK": str(pack)}
+
+    def prebuild() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), str(wheels), str(work)], env=env, check=False, capture_output=True,
+                              text=True, timeout=60)
+
+    r = prebuild()
+    assert r.returncode == 2 and f"no {pack}/tree.tar.gz: run bench/longctx/pack.sh first" in r.stderr, r.stderr
+    (pack / "tree.tar.gz").write_bytes(b"")
+    r = prebuild()
+    assert r.returncode == 2 and f"no nvidia_cublas-13.*.whl in {wheels}" in r.stderr, r.stderr
+    assert (work / "keep").read_text() == "x" and sorted(p.name for p in pack.iterdir()) == ["tree.tar.gz"]
 
 
 def test_longctx_speed_times_dca_only_with_its_arguments(tmp_path: Path) -> None:
