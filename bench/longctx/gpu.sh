@@ -97,8 +97,9 @@ SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
 PACK=${PACK:-cleanroom/gpu}   # what the calls carry (pack.sh's pieces; prebuild.sh's bin.tar.gz)
 # a prebuilt bin (prebuild.sh, step build_bg) finds its own libraries there and the toolkit's cuBLAS
-CUDA_LIBS=/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib   # cudart, cuBLAS
-if [ -f ~/llb/prebuilt ]; then export LD_LIBRARY_PATH="$BIN:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+PREBUILT_LIBS="$BIN:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -f ~/llb/prebuilt ]; then export LD_LIBRARY_PATH=$PREBUILT_LIBS; fi
+source "$(dirname "${BASH_SOURCE[0]}")/cuda-build.sh"   # CUDA_BUILD_DEFINES, CUDA_BUILD_TARGETS
 RUN="python3 $REPO/bench/longctx/run.py"
 COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
 
@@ -122,18 +123,17 @@ step_pieces() {
 use_prebuilt() { # $PACK/bin.tar.gz (bench/longctx/prebuild.sh: built without a GPU from the same tree.tar.gz, no device
     # minutes): used when its stamp names the carried tree.tar.gz and its llama-server lists a CUDA device here;
     # otherwise (return 1) build_bg builds on the device as before
-    local pb=$PACK/bin.tar.gz want lib="$BIN:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local pb=$PACK/bin.tar.gz want why=""
     [ -f "$pb" ] || pb=~/llb/bin.tar.gz   # carried by an earlier call (step pieces)
     [ -f "$pb" ] || return 1
     want=$(sha256sum "$PACK/tree.tar.gz" 2>/dev/null | cut -d' ' -f1)
-    rm -rf ~/llb/build ~/llb/prebuilt && mkdir -p "$BIN" && tar xzf "$pb" -C "$BIN" || { rm -rf ~/llb/build; return 1; }
-    if [ -z "$want" ] || [ "$(cat "$BIN/tree.sha256" 2>/dev/null)" != "$want" ]; then
-        echo "prebuilt: not built from the carried tree.tar.gz; building here"; rm -rf ~/llb/build; return 1
+    rm -rf ~/llb/build ~/llb/prebuilt && mkdir -p "$BIN"
+    if ! tar xzf "$pb" -C "$BIN"; then why="it does not unpack"
+    elif [ -z "$want" ] || [ "$(cat "$BIN/tree.sha256" 2>/dev/null)" != "$want" ]; then why="not built from the carried tree.tar.gz"
+    elif ! LD_LIBRARY_PATH=$PREBUILT_LIBS "$BIN/llama-server" --list-devices > ~/llb/build.log 2>&1 ||
+         ! grep -q "CUDA0" ~/llb/build.log; then why="its llama-server lists no CUDA device here"; tail -3 ~/llb/build.log
     fi
-    if ! LD_LIBRARY_PATH=$lib "$BIN/llama-server" --list-devices > ~/llb/build.log 2>&1 || ! grep -q "CUDA0" ~/llb/build.log; then
-        echo "prebuilt: its llama-server lists no CUDA device here; building here"; tail -3 ~/llb/build.log
-        rm -rf ~/llb/build; return 1
-    fi
+    if [ -n "$why" ]; then echo "prebuilt: $why; building here"; rm -rf ~/llb/build; return 1; fi
     touch ~/llb/prebuilt; echo 0 > ~/llb/build.rc
     echo "build: prebuilt (prebuild.sh):$(grep -m1 "CUDA0" ~/llb/build.log)"
 }
@@ -142,9 +142,8 @@ step_build_bg() {
     if [ -f "$PACK"/texts.tar.gz ]; then mkdir -p ~/lc/texts && tar xzf "$PACK"/texts.tar.gz -C ~/lc/texts; fi
     use_prebuilt && return 0
     rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf "$PACK"/tree.tar.gz -C ~/llb/src || { echo "no tree"; return 1; }
-    setsid nohup bash -c "cmake -S ~/llb/src -B ~/llb/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
-        > ~/llb/build.log 2>&1 && ninja -C ~/llb/build -j16 llama-server llama-perplexity llama-batched-bench \
+    setsid nohup bash -c "cmake -S ~/llb/src -B ~/llb/build -G Ninja ${CUDA_BUILD_DEFINES[*]} \
+        > ~/llb/build.log 2>&1 && ninja -C ~/llb/build -j16 ${CUDA_BUILD_TARGETS[*]} \
         >> ~/llb/build.log 2>&1; echo \$? > ~/llb/build.rc" >/dev/null 2>&1 </dev/null &
     echo "build started"
 }

@@ -30,14 +30,13 @@ echo 'void dcaforge_libcuda_link_stand_in(void) {}' > "$work/stub/stub.c"
 cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stub/libcuda.so" "$work/stub/stub.c"
 launch=(); command -v ccache >/dev/null && launch=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
                                                  -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+source "$(dirname "$0")/cuda-build.sh"   # gpu.sh's own: CUDA_BUILD_DEFINES, CUDA_BUILD_TARGETS
+cmake -S "$work/src" -B "$work/build" -G Ninja "${CUDA_BUILD_DEFINES[@]}" -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
     -DCUDA_cublas_LIBRARY="$cu/lib/libcublas.so" -DCUDA_cublasLt_LIBRARY="$cu/lib/libcublasLt.so" \
     -DCUDA_cuda_driver_LIBRARY="$work/stub/libcuda.so" -DCMAKE_CUDA_FLAGS="-I$cu/include" -DCMAKE_CXX_FLAGS="-I$cu/include" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--allow-shlib-undefined" -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--no-as-needed" \
     -DCMAKE_SKIP_RPATH=ON "${launch[@]}" > "$work/cmake.log"
-ninja -C "$work/build" llama-server llama-perplexity llama-batched-bench
+ninja -C "$work/build" "${CUDA_BUILD_TARGETS[@]}"
 bin="$work/build/bin"
 # the driver calls (cuMemCreate, ...) stay undefined in libggml-cuda.so: it must name libcuda.so.1, whose symbols the
 # stand-in does not have (--no-as-needed keeps the name), or the device's loader has nothing to bind them to
@@ -46,5 +45,5 @@ if [ "$(nm -D --undefined-only "$bin/libggml-cuda.so" | grep -c ' cu[A-Z]')" != 
     echo "prebuild.sh: libggml-cuda.so calls the driver but does not name libcuda.so.1" >&2; exit 1
 fi
 sha256sum "$gpu/tree.tar.gz" | cut -d' ' -f1 > "$bin/tree.sha256"
-(cd "$bin" && tar czf "$gpu/bin.tar.gz" llama-server llama-perplexity llama-batched-bench ./*.so* tree.sha256)
+(cd "$bin" && tar czf "$gpu/bin.tar.gz" "${CUDA_BUILD_TARGETS[@]}" ./*.so* tree.sha256)
 ls -la "$gpu/bin.tar.gz"

@@ -152,7 +152,7 @@ def test_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
 
 def test_server_that_dies_of_sigill_says_how_to_build_one_this_machine_runs(tmp_path: Path) -> None:
     """A server killed by SIGILL (a native build on a machine that does not run one of its instructions: AMX here, see
-    docs/dca.md) gets a hint that names the portable build; another exit gets none."""
+    docs/workflow.md) gets a hint that names the portable build; another exit gets none."""
     exe = tmp_path / "llama-server"
     exe.write_text("#!/bin/sh\nkill -ILL $$\n")
     exe.chmod(0o755)

@@ -1,0 +1,5 @@
+# Sourced by gpu.sh (its build on the device) and prebuild.sh (the same build here, without a GPU): the one CUDA build of
+# the tools the long-context protocol runs, so that a prebuilt bin.tar.gz is what the device would have built.
+CUDA_BUILD_DEFINES=(-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON
+                    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF)
+CUDA_BUILD_TARGETS=(llama-server llama-perplexity llama-batched-bench)
