@@ -65,7 +65,10 @@
 #              run) runs GEMMA_ONLY=1 GEMMA_LENFAR=dca:16384:2048:len GEMMA_DEV=dca:16384:2048,dca:4096:512:pos,
 #              dca:4096:512:len,dca:16384:2048:len DEV_SETS=dev,devfar,devfar2 STAGES="devlenfar heldout5g heldout4g"
 #              (the 1M cell's seven trials not run; one found makes the rule pick 16384/2048 len, whose heldout5 and
-#              heldout4 cells then run; none found keeps the choice and nothing else runs)
+#              heldout4 cells then run; none found keeps the choice and nothing else runs); it ran 2026-12-08 (H100,
+#              prebuilt tools taken): 6/10, the rule picks 16384/2048 len, held-out cells run; the same session then
+#              runs (twelfth round, written down before the run) GEMMA_ONLY=1 GEMMA_PPL_JOBS=4
+#              GEMMA_PPL_METHODS=dca:16384:2048:len,dca:16384:2048,dca,yarn STAGES=gemmappl (held-out perplexity)
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
@@ -349,8 +352,9 @@ stage_heldout6() { heldout_passkey heldout6 99500 197000 1050000 33800 64800; } 
 # llama-perplexity refused, 2026-12-06)
 GEMMA_PPL_CHARS=850000
 
-stage_gemmappl() {
-    $RUN ppl --set heldout --model gemma-3-270m --methods "$(choose gemma-3-270m $GEMMA_DEV),dca,yarn" --chars $GEMMA_PPL_CHARS --jobs 2 "${COMMON[@]}"
+stage_gemmappl() { # GEMMA_PPL_METHODS (default: the dev choice, dca, yarn) and GEMMA_PPL_JOBS (default 2) to override
+    $RUN ppl --set heldout --model gemma-3-270m --methods "${GEMMA_PPL_METHODS:-$(choose gemma-3-270m $GEMMA_DEV),dca,yarn}" \
+        --chars $GEMMA_PPL_CHARS --jobs "${GEMMA_PPL_JOBS:-2}" "${COMMON[@]}"
 }
 
 stage_ppl() {
