@@ -17,6 +17,8 @@ from dcaforge.commands.common import ConfigOpt, call, err, load, out
 from dcaforge.errors import CalibrateError
 from dcaforge.gate.calibrate import (
     DEFAULT_DEV_TRIALS,
+    DEFAULT_FAR_HELDOUT_TRIALS,
+    DEFAULT_FAR_TRIALS,
     DEFAULT_HELDOUT_TRIALS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_SERVER_ARGS,
@@ -67,8 +69,15 @@ def calibrate(
     chunks: Annotated[str, typer.Option("--chunks", help="the chunk sizes to try, e.g. 2048,4096 (default: L/16, "
                                         "L/8, L/4, L/2)")] = "",
     temperature: Annotated[bool, typer.Option("--temperature/--no-temperature", help="also try the attention "
-                                              "temperature by position (one candidate more: the chunk size nearest "
-                                              "L/8); the copy's dual_chunk.temperature says whether the pick has it")] = True,
+                                              "temperature from the prompt's length (one candidate more: the chunk "
+                                              "size nearest L/2); the copy's dual_chunk.temperature says whether the "
+                                              "pick has it")] = True,
+    far: Annotated[int, typer.Option("--far", help="the context you will serve, in tokens (e.g. 1048576): the dev "
+                                     "rule's two best also answer dev trials at 0.95 x it and the one that finds more "
+                                     "there is the pick; the pick is checked at it on held-out text (0: no far cell)")] = 0,
+    far_trials: Annotated[int, typer.Option("--far-trials", help="dev trials per finalist at the far length")] = DEFAULT_FAR_TRIALS,
+    far_heldout_trials: Annotated[int, typer.Option("--far-heldout-trials", help="held-out trials of the pick at the "
+                                                    "far length")] = DEFAULT_FAR_HELDOUT_TRIALS,
     dev_trials: Annotated[int, typer.Option("--dev-trials", help="passkey trials per dev length and candidate")] = DEFAULT_DEV_TRIALS,
     heldout_trials: Annotated[int, typer.Option("--heldout-trials", help="passkey trials per held-out length, for "
                                                 "the pick and for YaRN")] = DEFAULT_HELDOUT_TRIALS,
@@ -96,7 +105,8 @@ def calibrate(
     dev, held = call(texts)
     opts = Options(model=model, server=srv, dev=dev, heldout=held, out=output, force=force, perplexity=ppl,
                    chunks=chosen, temperature=temperature, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
-                   server_args=extra, work=work, server_from=server_from)
+                   server_args=extra, work=work, server_from=server_from, far=far, far_trials=far_trials,
+                   far_heldout_trials=far_heldout_trials)
     bar, hooks = _progress()
     with bar:
         rep = call(lambda: do_calibrate(opts, hooks),
@@ -139,7 +149,9 @@ def _progress() -> tuple[Progress, Hooks]:
         line = (f"plan: L = {p.trained}; {len(p.candidates)} candidates ({', '.join(p.candidates)}); dev lengths "
                 f"{', '.join(map(str, p.dev_lengths))} x {p.dev_trials} trials; held-out "
                 f"{', '.join(map(str, p.heldout_lengths))} x {p.heldout_trials} trials (pick and YaRN); "
-                f"{p.total_trials} trials, about {p.estimate_seconds / 60:.0f} min on one H100")
+                + (f"far: the {p.finalists} best at {p.far_dev} x {p.far_trials} trials, the pick at {p.far_heldout} x "
+                   f"{p.far_heldout_trials} held-out; " if p.far_dev else "")
+                + f"{p.total_trials} trials, about {p.estimate_seconds / 60:.0f} min on one H100")
         err.print(line, markup=False)
 
     def on_step(msg: str) -> None:
@@ -170,8 +182,16 @@ def print_report(rep: Report) -> None:
     for which, sc in rep.ceilings.items():
         out.print(f"ceiling:  {which} text, plain attention inside L ({rep.plan.inside} tokens): {sc}"
                   + ("" if rep.ceiling_line(which) is None else "  BELOW the ceiling: this text cannot rank methods past L"))
-    out.print(f"pick:     {rep.choice.pick}: the most exact dev answers; among those within {rep.choice.slack} of the "
-              f"best ({', '.join(rep.choice.near)}), the lowest dev perplexity, then the larger S")
+    if rep.far:
+        far_dev = rep.plan.far_dev or 0
+        out.print(f"far dev:  {', '.join(f'{m} {s}' for m, s in rep.far.items())} at {far_dev} tokens "
+                  f"({far_dev / info.trained:.1f}x L), the dev rule's best {len(rep.far)}")
+        out.print(f"pick:     {rep.choice.pick}: of the dev rule's best {len(rep.far)}, the most found at "
+                  f"{rep.plan.far_dev} tokens (a tie: the rule's order: the most exact dev answers, the lowest dev "
+                  "perplexity within the slack, the larger S)")
+    else:
+        out.print(f"pick:     {rep.choice.pick}: the most exact dev answers; among those within {rep.choice.slack} of "
+                  f"the best ({', '.join(rep.choice.near)}), the lowest dev perplexity, then the larger S")
     t = Table(title="held-out: exact first answers k/n [Wilson 95%] (reported, not used to choose)")
     held = sorted({n for by in rep.heldout.values() for n in by})
     for col in ("method", *[f"{n} ({n / info.trained:.1f}x L)" for n in held], "all"):
@@ -179,6 +199,10 @@ def print_report(rep: Report) -> None:
     for m, by in rep.heldout.items():
         t.add_row("YaRN" if m == "yarn" else m, *[str(by[n]) for n in held], str(rep.total(by)))
     out.print(t)
+    if rep.far_heldout is not None and rep.plan.far_heldout:
+        n = rep.plan.far_heldout
+        out.print(f"far:      {rep.choice.pick} {rep.far_heldout} at {n} tokens ({n / info.trained:.1f}x L) of the "
+                  "held-out text")
     out.print(rep.verdict)
     for note in rep.notes:
         out.print(f"note:     {note}")

@@ -7,20 +7,24 @@ that ``--dca on`` alone uses them.
    KQ bias: the keys and tensor names ``llama_dca_unsupported_attn`` reads), the output is a new path (``force`` to
    replace one; never the input), and the llama-server given knows ``--dca``.
 2. **Dev sweep** (:func:`plan`): chunk sizes S in {L/16, L/8, L/4, L/2} (at least 512, at most 262144 and L; the
-   GGUF's own sizes too, when it has some), local window w = S/8, attention temperature off, and the size nearest L/8
-   with the temperature by position (``--dca-yarn-factor pos``; ``temperature=False`` leaves it out); passkey trials
-   (dcaforge/gate/longctx.py: a fresh random key and depth per trial, a token-exact prompt in real text, strict scoring)
-   at ~2.5x and ~5x L of the dev text, and, when llama-perplexity is there, the dev text's perplexity at ~2.5x L.
+   GGUF's own sizes too, when it has some), local window w = S/8, attention temperature off, and the size nearest L/2
+   with the temperature from the prompt's length (``--dca-yarn-factor len``; ``temperature=False`` leaves it out);
+   passkey trials (dcaforge/gate/longctx.py: a fresh random key and depth per trial, a token-exact prompt in real text,
+   strict scoring) at ~2.5x and ~5x L of the dev text, and, when llama-perplexity is there, the dev text's perplexity
+   at ~2.5x L.
 3. **Pick** with the rule the bench uses (:func:`dcaforge.gate.longctx.choose`): the most exact answers; among those
    within 10% of the trials of the best, the lowest dev perplexity; then the larger S. First, the dev text's
    **ceiling**: plain attention inside L (0.9 L) must find the key in 80% of as many trials as a candidate gets
    (bench/longctx/sets.yaml's ceiling_min); below it the answers cannot rank settings, the pick is the lowest dev
-   perplexity (then the larger S), and a note says so.
+   perplexity (then the larger S), and a note says so. With ``far`` (the length the user will serve, e.g. 1048576):
+   the rule's two best also answer dev trials at 0.95 x far, and the one that found the key more often there is the
+   pick (a tie: the rule's order); what a setting does at 30x L does not show at 5x (calibrate_plan.FAR_FINALISTS).
 4. **Held-out check**: its text's ceiling the same way, then, only if it holds, the pick beside YaRN at ~3x and ~6x
-   L of another text (its own seed, keys, depths and lengths). It is reported, never used to choose; a failed
-   ceiling makes the verdict "cannot judge" instead of a comparison that means nothing.
+   L of another text (its own seed, keys, depths and lengths), and with ``far`` the pick alone at far tokens. It is
+   reported, never used to choose; a failed ceiling makes the verdict "cannot judge" instead of a comparison that
+   means nothing.
 5. **Write** a copy of the GGUF with ``<arch>.attention.dual_chunk.chunk_size`` and ``.local_size`` (uint32) and
-   ``.temperature`` (``pos`` or ``off``, which 0078 reads when ``--dca-yarn-factor`` is left at its default) set,
+   ``.temperature`` (``len`` or ``off``, which 0078 reads when ``--dca-yarn-factor`` is left at its default) set,
    every other key and every tensor as they were (:func:`write_dca_copy`, checked by reading the copy back), through
    a temporary file, so an interrupted run leaves no half-written output.
 
@@ -45,6 +49,8 @@ from dcaforge.gate.calibrate_gguf import TEMPERATURES, GgufInfo, inspect_gguf, w
 from dcaforge.gate.calibrate_plan import (
     CEILING_MIN,
     DEFAULT_DEV_TRIALS,
+    DEFAULT_FAR_HELDOUT_TRIALS,
+    DEFAULT_FAR_TRIALS,
     DEFAULT_HELDOUT_TRIALS,
     DEFAULT_MAX_TOKENS,
     Plan,
@@ -52,7 +58,7 @@ from dcaforge.gate.calibrate_plan import (
     plan,
 )
 from dcaforge.gate.calibrate_report import Report
-from dcaforge.gate.calibrate_sweep import Servers, Sweep, Text, pick
+from dcaforge.gate.calibrate_sweep import Servers, Sweep, Text, far_pick, pick, ranked
 from dcaforge.git import run
 from dcaforge.room.cleanroom import Room
 
@@ -70,7 +76,10 @@ class Options:
     force: bool = False                # replace an existing output
     perplexity: Path | None = None     # llama-perplexity, for the dev perplexity (None: not measured)
     chunks: tuple[int, ...] = ()       # the candidates' chunk sizes (default: candidate_chunks)
-    temperature: bool = True           # also try the temperature by position (one candidate: calibrate_plan)
+    temperature: bool = True           # also try the temperature from the prompt's length (one candidate: calibrate_plan)
+    far: int = 0                       # the length the user will serve (0: none): a far dev cell decides between two
+    far_trials: int = DEFAULT_FAR_TRIALS
+    far_heldout_trials: int = DEFAULT_FAR_HELDOUT_TRIALS
     dev_trials: int = DEFAULT_DEV_TRIALS
     heldout_trials: int = DEFAULT_HELDOUT_TRIALS
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -197,7 +206,8 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     if opts.perplexity is not None and ppl_exe is None:
         notes.append(f"no llama-perplexity at {opts.perplexity}: the dev perplexity was not measured")
     pl = plan(info, chunks=opts.chunks, dev_trials=opts.dev_trials, heldout_trials=opts.heldout_trials,
-              max_tokens=opts.max_tokens, perplexity=ppl_exe is not None, temperature=opts.temperature)
+              max_tokens=opts.max_tokens, perplexity=ppl_exe is not None, temperature=opts.temperature, far=opts.far,
+              far_trials=opts.far_trials, far_heldout_trials=opts.far_heldout_trials)
     if hooks.on_plan:
         hooks.on_plan(pl)
     work.mkdir(parents=True, exist_ok=True)
@@ -215,13 +225,24 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
         notes.append(f"plain attention inside L found the key {ceilings['dev']} on the dev text, below the ceiling of "
                      f"{CEILING_MIN:.0%}: the dev answers cannot rank the settings, so the pick is the lowest dev "
                      "perplexity (then the larger S); give a --dev-text this model can be searched in")
+    far: dict[str, longctx.Score] = {}
+    if pl.far_dev and answers_rank:   # the rule's two best at the far dev length: the more found there is the pick
+        finalists = ranked(choice, list(pl.candidates), pl.finalists)
+        r.step(f"dev rule: {', '.join(finalists)} to the far cell ({pl.far_dev} tokens)")
+        far = r.far_cells(pl, finalists, opts.dev)
+        choice = far_pick(choice, finalists, far, pl.far_dev)
+    elif pl.far_dev:
+        notes.append("the far dev cell was not run: a text that fails its ceiling cannot rank settings at any length")
     mp = longctx.parse_method(choice.pick)
     r.step(f"pick: {choice.pick} ({choice.why})")
     measured = r.ceiling(pl, "heldout", opts.heldout, notes)
     if measured is not None:
         ceilings["heldout"] = measured
+    far_heldout: longctx.Score | None = None
     if "heldout" not in ceilings or ceiling_holds(ceilings["heldout"]):
         heldout = r.heldout_cells(pl, choice.pick, opts.heldout)   # the pick beside YaRN, reported only
+        if pl.far_heldout:
+            far_heldout = r.far_heldout_cell(pl, choice.pick, opts.heldout)
     else:   # as bench/longctx/run.py: a text that fails its ceiling judges no method; its cells are not run
         heldout = {choice.pick: {}, "yarn": {}}
 
@@ -230,7 +251,8 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
-                 chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings)
+                 chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings,
+                 far=far, far_heldout=far_heldout)
     failed = rep.ceiling_line("heldout")
     if failed:
         notes.append(f"{failed}; its cells were not run: give a --heldout-text this model can be "

@@ -31,6 +31,8 @@ class Report:
     json_path: Path | None = None
     seconds: float = 0.0
     ceilings: dict[str, longctx.Score] = field(default_factory=dict)   # "dev", "heldout" -> plain inside L
+    far: dict[str, longctx.Score] = field(default_factory=dict)        # finalist -> score at plan.far_dev
+    far_heldout: longctx.Score | None = None                           # the pick at plan.far_heldout
 
     def ceiling_line(self, which: str) -> str | None:
         """A failed ceiling in words (None when it holds or was not measured)."""
@@ -57,7 +59,8 @@ class Report:
             word = "level with"
         else:
             word = "BELOW"
-        return f"held-out: {self.choice.pick} {p} {word} YaRN {y}"
+        far = f"; at {self.plan.far_heldout} tokens {self.far_heldout}" if self.far_heldout is not None else ""
+        return f"held-out: {self.choice.pick} {p} {word} YaRN {y}{far}"
 
     def to_dict(self) -> dict[str, Any]:
         def sc(s: longctx.Score) -> dict[str, Any]:
@@ -75,6 +78,10 @@ class Report:
                            "slack": self.choice.slack, "chunk_size": self.chunk, "local_size": self.local,
                            "temperature": self.copy.temperature},
                 "heldout": cells(self.heldout), "verdict": self.verdict,
+                "far": ({"dev_length": self.plan.far_dev, "heldout_length": self.plan.far_heldout,
+                         "dev": {m: sc(s) for m, s in self.far.items()},
+                         "heldout": sc(self.far_heldout) if self.far_heldout is not None else None}
+                        if self.plan.far_dev else None),
                 "ceilings": {k: {**sc(v), "holds": ceiling_holds(v)} for k, v in self.ceilings.items()},
                 "copy": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.copy).items()},
                 "notes": self.notes, "plot": str(self.plot_path) if self.plot_path else None,

@@ -3,6 +3,7 @@ tokenized once), the dev perplexity through llama-perplexity, the pick and the h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -159,7 +160,7 @@ class Sweep:
         dev: dict[str, dict[int, longctx.Score]] = {}
         for m in pl.candidates:
             for n in pl.dev_lengths:
-                dev.setdefault(m, {})[n] = self.cell(DEV_SET, DEV_SEED, m, n, pl.dev_trials, text, max(pl.dev_lengths))
+                dev.setdefault(m, {})[n] = self.cell(DEV_SET, DEV_SEED, m, n, pl.dev_trials, text, pl.dev_longest)
         return dev
 
     def dev_perplexity(self, pl: Plan, text: Text, notes: list[str]) -> dict[str, float | None]:
@@ -188,7 +189,7 @@ class Sweep:
         L is too small for a prompt inside it to hold the question, the needle and some text."""
         set_name, seed = (DEV_SET, DEV_SEED) if which == "dev" else (HELDOUT_SET, HELDOUT_SEED)
         n = pl.ceiling_trials[0 if which == "dev" else 1]
-        longest = max(pl.dev_lengths if which == "dev" else pl.heldout_lengths)
+        longest = pl.dev_longest if which == "dev" else pl.heldout_longest
         try:
             return self.cell(set_name, seed, "plain", pl.inside, n, text, longest)
         except NoRoom:
@@ -201,8 +202,18 @@ class Sweep:
         heldout: dict[str, dict[int, longctx.Score]] = {pick: {}, "yarn": {}}
         for m in (pick, "yarn"):
             for n in pl.heldout_lengths:
-                heldout[m][n] = self.cell(HELDOUT_SET, HELDOUT_SEED, m, n, pl.heldout_trials, text, max(pl.heldout_lengths))
+                heldout[m][n] = self.cell(HELDOUT_SET, HELDOUT_SEED, m, n, pl.heldout_trials, text, pl.heldout_longest)
         return heldout
+
+    def far_cells(self, pl: Plan, finalists: list[str], text: Text) -> dict[str, longctx.Score]:
+        """The finalists at the far dev length (the same trials for each): finalist -> score."""
+        assert pl.far_dev is not None
+        return {m: self.cell(DEV_SET, DEV_SEED, m, pl.far_dev, pl.far_trials, text, pl.dev_longest) for m in finalists}
+
+    def far_heldout_cell(self, pl: Plan, pick: str, text: Text) -> longctx.Score:
+        """The pick at the far held-out length (reported only)."""
+        assert pl.far_heldout is not None
+        return self.cell(HELDOUT_SET, HELDOUT_SEED, pick, pl.far_heldout, pl.far_heldout_trials, text, pl.heldout_longest)
 
 
 def pick(pl: Plan, dev: dict[str, dict[int, longctx.Score]], ppl: dict[str, float | None],
@@ -213,6 +224,30 @@ def pick(pl: Plan, dev: dict[str, dict[int, longctx.Score]], ppl: dict[str, floa
     slack = pl.slack if answers_rank else pl.dev_trials * len(pl.dev_lengths)
     return longctx.choose({m: Report.total(by) for m, by in dev.items()},
                           {m: [v] for m, v in ppl.items() if v is not None}, list(pl.candidates), slack=slack)
+
+
+def ranked(choice: longctx.Choice, candidates: list[str], n: int) -> list[str]:
+    """The dev rule's first ``n`` in order: its pick, then its pick among the rest, and so on (the same slack and
+    perplexities; candidates without trials last)."""
+    order, rest = [choice.pick], [m for m in candidates if m != choice.pick]
+    while rest and len(order) < n:
+        scored = [m for m in rest if choice.scores.get(m, longctx.Score()).n]
+        if not scored:
+            break
+        nxt = longctx.choose(choice.scores, {m: [v] for m, v in choice.ppl.items() if v is not None}, scored,
+                             slack=choice.slack).pick
+        order.append(nxt)
+        rest.remove(nxt)
+    return order
+
+
+def far_pick(choice: longctx.Choice, finalists: list[str], far: dict[str, longctx.Score], far_len: int) -> longctx.Choice:
+    """The pick with a far dev cell: the finalist that found the key most often at ``far_len`` tokens; on a tie the
+    first in the dev rule's order (``finalists`` is that order). ``choice`` is the dev rule's over the shorter cells."""
+    best = max(far[m].k for m in finalists)
+    pick = next(m for m in finalists if far[m].k == best)
+    why = f"{choice.why}; at {far_len} tokens " + ", ".join(f"{m} {far[m].k}/{far[m].n}" for m in finalists)
+    return dataclasses.replace(choice, pick=pick, why=why)
 
 
 def last_chunk_perplexity(text: str) -> float | None:

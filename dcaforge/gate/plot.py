@@ -238,10 +238,13 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         # negative error bar (seen: 2/2 -> hi - p = -1.1e-16)
         return p, max(0.0, p - lo), max(0.0, hi - p)
 
-    # the lines join the sizes with the temperature off; a candidate with the temperature by position (dca:S:W:pos) is a
+    # the lines join the sizes with the temperature off; a candidate with a temperature (dca:S:W:len, dca:S:W:pos) is a
     # marker of its own at its S
-    cands = sorted((m for m in rep.dev if not m.endswith(":pos")), key=chunk)
-    temps = sorted((m for m in rep.dev if m.endswith(":pos")), key=chunk)
+    def temp(m: str) -> str:
+        return m.split(":")[3] if m.count(":") >= 3 else ""
+
+    cands = sorted((m for m in rep.dev if not temp(m)), key=chunk)
+    temps = sorted((m for m in rep.dev if temp(m)), key=chunk)
     xs = [chunk(m) for m in cands]
     has_ppl = any(v is not None for v in rep.ppl.values())
     fig, axes = plt.subplots(1, 3 if has_ppl else 2, figsize=(10.5 if has_ppl else 7.5, 3.2), squeeze=False)
@@ -257,10 +260,11 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
     if temps:
         tv = [frac(rep.total(rep.dev[m])) for m in temps]
         ax.errorbar([chunk(m) for m in temps], [v[0] for v in tv], yerr=[[v[1] for v in tv], [v[2] for v in tv]], marker="^",
-                    ms=6, capsize=3, lw=0, elinewidth=1, color=STYLE["yarn"][1], label="all dev trials, temperature by position")
+                    ms=6, capsize=3, lw=0, elinewidth=1, color=STYLE["yarn"][1],
+                    label="all dev trials, temperature " + "/".join(sorted({temp(m) for m in temps})))
     pick_x = chunk(rep.choice.pick)
     ax.scatter([pick_x], [frac(rep.total(rep.dev[rep.choice.pick]))[0]], s=160, facecolors="none", edgecolors="black",
-               zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}" + (", temperature" if rep.choice.pick.endswith(":pos") else ""))
+               zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}" + (f", temperature {temp(rep.choice.pick)}" if temp(rep.choice.pick) else ""))
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [_ctx_label(x) for x in xs])
     ax.minorticks_off()

@@ -27,6 +27,7 @@ from dcaforge.errors import CalibrateError
 from dcaforge.gate import calibrate as cal
 from dcaforge.gate import longctx
 from dcaforge.gate.calibrate_gguf import verify_copy
+from dcaforge.gate.calibrate_plan import MAX_FAR
 from dcaforge.gate.gatetools import tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,26 +262,70 @@ def test_plan_candidates_and_lengths() -> None:
     def info(L: int, chunk: int | None = None) -> cal.GgufInfo:
         return cal.GgufInfo(MODEL, 0, "gemma3", L, L, "gemma3.context_length", chunk, None, 0, 0)
 
-    p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off; L/8 with the temperature by position
-    assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048", "dca:4096:512:pos")
+    p = cal.plan(info(32768))   # gemma-3-270m: L/16 .. L/2, w = S/8, temperature off; L/2 with the temperature by length
+    assert p.candidates == ("dca:2048:256", "dca:4096:512", "dca:8192:1024", "dca:16384:2048", "dca:16384:2048:len")
     assert p.dev_lengths == (81920, 163840) and p.heldout_lengths == (98304, 196608)
     # plus each text's ceiling: plain attention inside L (0.9 L), as many trials as a candidate gets
     assert p.inside == 29491 and p.ceiling_trials == (20, 20)
     assert p.total_trials == 5 * 2 * 10 + 2 * 2 * 10 + 20 + 20 and p.slack == 2 and p.ppl_ctx == 81920
     assert p.estimate_seconds <= 15 * 60   # the issue's budget for a 270M model on one H100, at 3 s per 100k tokens
+    assert p.far_dev is None and p.finalists == 0 and p.dev_longest == 163840 and p.heldout_longest == 196608
     assert cal.plan(info(32768), temperature=False).candidates == p.candidates[:4]
-    assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512", "dca:1024:128:pos")
+    assert cal.plan(info(8192)).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256", "dca:4096:512", "dca:4096:512:len")
     assert cal.plan(info(4096), temperature=False).candidates == ("dca:512:64", "dca:1024:128", "dca:2048:256")   # at least 512
-    assert cal.plan(info(4096)).candidates[-1] == "dca:512:64:pos"                                 # the size nearest L/8
-    assert cal.plan(info(256)).candidates == ("dca:32:4", "dca:64:8", "dca:128:16", "dca:32:4:pos")  # small L: from L/8
+    assert cal.plan(info(4096)).candidates[-1] == "dca:2048:256:len"                               # the size nearest L/2
+    assert cal.plan(info(256)).candidates == ("dca:32:4", "dca:64:8", "dca:128:16", "dca:128:16:len")  # small L: from L/8
     assert cal.plan(info(32768, chunk=6144)).candidates[2] == "dca:6144:768"                    # the GGUF's own, too
-    assert cal.plan(info(32768), chunks=(3000,)).candidates == ("dca:3000:375", "dca:3000:375:pos")
+    assert cal.plan(info(32768), chunks=(3000,)).candidates == ("dca:3000:375", "dca:3000:375:len")
     assert cal.plan(info(32768), perplexity=False).ppl_ctx is None
     # a cap keeps every length past L, apart, dev below held-out
     p = cal.plan(info(131072))
     assert L_ok(p, 131072) and p.heldout_lengths[-1] == 262144
     p = cal.plan(info(32768), max_tokens=100000)
     assert L_ok(p, 32768) and max(p.heldout_lengths) == 100000
+
+
+def test_plan_with_a_far_length() -> None:
+    """--far N: the two best by the dev rule at 0.95 N on dev, the pick at N on held-out; counted in the trials and
+    the estimate; refused where it is not past the held-out lengths, too long, or with no trials."""
+    def info(L: int) -> cal.GgufInfo:
+        return cal.GgufInfo(MODEL, 0, "gemma3", L, L, "gemma3.context_length", None, None, 0, 0)
+
+    near = cal.plan(info(32768))
+    p = cal.plan(info(32768), far=1048576)
+    assert (p.far_dev, p.far_heldout, p.far_trials, p.far_heldout_trials, p.finalists) == (996147, 1048576, 6, 3, 2)
+    assert p.candidates == near.candidates and p.dev_lengths == near.dev_lengths
+    assert p.total_trials == near.total_trials + 2 * 6 + 3
+    assert p.dev_longest == 996147 and p.heldout_longest == 1048576
+    # 15 trials of ~1M tokens at 3 s per 100k: about 8 minutes more than the near sweep
+    assert 7 * 60 < p.estimate_seconds - near.estimate_seconds < 10 * 60
+    one = cal.plan(info(32768), chunks=(16384,), temperature=False, far=1048576, far_trials=2, far_heldout_trials=1)
+    assert one.finalists == 1 and one.total_trials == 1 * 2 * 10 + 2 * 2 * 10 + 40 + 2 + 1
+    for far, match in ((200000, "past the held-out lengths"), (MAX_FAR + 1, "at most"), (-5, "past the held-out")):
+        with pytest.raises(CalibrateError, match=match) as exc:
+            cal.plan(info(32768), far=far)
+        assert "--far 1048576" in (exc.value.hint or "")
+    with pytest.raises(CalibrateError, match="far trial counts"):
+        cal.plan(info(32768), far=1048576, far_trials=0)
+
+
+def test_far_cell_decides_between_the_dev_rule_s_two_best() -> None:
+    """ranked: the dev rule's order (its pick, then its pick among the rest); far_pick: of those, the most found at
+    the far length, a tie going to the rule's order."""
+    from dcaforge.gate.calibrate_sweep import far_pick, ranked
+
+    scores = {"dca:2048:256": S(10), "dca:16384:2048": S(15), "dca:16384:2048:len": S(15), "dca:4096:512": S(14)}
+    ppl = {"dca:2048:256": [3.0], "dca:16384:2048": [2.56], "dca:16384:2048:len": [2.62], "dca:4096:512": [2.5]}
+    cands = list(scores)
+    choice = longctx.choose(scores, ppl, cands, slack=2)
+    assert choice.pick == "dca:4096:512"                     # within 2 of the best, the lowest perplexity
+    assert ranked(choice, cands, 2) == ["dca:4096:512", "dca:16384:2048"]
+    assert ranked(choice, cands, 9) == ["dca:4096:512", "dca:16384:2048", "dca:16384:2048:len", "dca:2048:256"]
+    fin = ranked(choice, cands, 2)
+    got = far_pick(choice, fin, {"dca:4096:512": S(1, 6), "dca:16384:2048": S(4, 6)}, 996147)
+    assert got.pick == "dca:16384:2048" and got.why.endswith("at 996147 tokens dca:4096:512 1/6, dca:16384:2048 4/6")
+    assert got.scores == choice.scores and got.slack == choice.slack
+    assert far_pick(choice, fin, {"dca:4096:512": S(2, 6), "dca:16384:2048": S(2, 6)}, 996147).pick == "dca:4096:512"
 
 
 def L_ok(p: cal.Plan, L: int) -> bool:
@@ -407,7 +452,7 @@ def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     info = cal.inspect_gguf(MODEL)
     pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2)
-    assert pl.candidates[2] == "dca:64:8:pos"   # the temperature by position, drawn as a marker of its own
+    assert pl.candidates[2] == "dca:128:16:len"   # the temperature by length, drawn as a marker of its own
     dev = {pl.candidates[0]: {640: S(1, 2), 1280: S(0, 2)}, pl.candidates[1]: {640: S(2, 2), 1280: S(1, 2)},
            pl.candidates[2]: {640: S(0, 2), 1280: S(1, 2)}}
     ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1, pl.candidates[2]: 3.4}
@@ -428,6 +473,42 @@ def test_report_json_figure_and_text(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "held-out: dca:128:16 3/4 [0.30, 0.95] above YaRN 0/4 [0.00, 0.49]" in text
     assert "qwen2.attention.dual_chunk.chunk_size = 128, local_size = 16, temperature = off; every other key and the 50 tensors" in text
     assert os.fspath(out) in text
+
+
+def test_report_with_a_far_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --far: the far dev cell of the two finalists and the pick's far held-out score in the text, the verdict,
+    the JSON and the figure."""
+    from dcaforge.commands.calibrate import print_report
+    from dcaforge.gate.calibrate_sweep import far_pick, pick, ranked
+    from dcaforge.gate.plot import plot_calibration
+
+    info = cal.inspect_gguf(MODEL)
+    pl = cal.plan(info, chunks=(64, 128), dev_trials=2, heldout_trials=2, far=2560, far_trials=2, far_heldout_trials=1)
+    assert (pl.far_dev, pl.far_heldout, pl.finalists) == (2432, 2560, 2)
+    dev = {pl.candidates[0]: {640: S(2, 2), 1280: S(1, 2)}, pl.candidates[1]: {640: S(2, 2), 1280: S(1, 2)},
+           pl.candidates[2]: {640: S(1, 2), 1280: S(1, 2)}}
+    ppl: dict[str, float | None] = {pl.candidates[0]: 3.5, pl.candidates[1]: 3.1, pl.candidates[2]: 3.2}
+    near = pick(pl, dev, ppl)
+    fin = ranked(near, list(pl.candidates), pl.finalists)
+    assert fin == ["dca:128:16", "dca:128:16:len"]
+    choice = far_pick(near, fin, {"dca:128:16": S(0, 2), "dca:128:16:len": S(2, 2)}, 2432)
+    assert choice.pick == "dca:128:16:len"
+    held = {choice.pick: {768: S(2, 2), 1536: S(1, 2)}, "yarn": {768: S(0, 2), 1536: S(0, 2)}}
+    out = tmp_path / "m.dca.gguf"
+    copy = cal.write_dca_copy(MODEL, out, 128, 16, "len")
+    rep = cal.Report(MODEL, out, tmp_path, info, pl, dev, ppl, choice, 128, 16, held, copy,
+                     far={"dca:128:16": S(0, 2), "dca:128:16:len": S(2, 2)}, far_heldout=S(1, 1))
+    assert rep.verdict.endswith("; at 2560 tokens 1/1 [0.21, 1.00]"), rep.verdict
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["far"]["dev_length"] == 2432 and d["far"]["dev"]["dca:128:16:len"]["k"] == 2 and d["far"]["heldout"]["n"] == 1
+    assert d["choice"]["temperature"] == "len"
+    assert plot_calibration(rep, tmp_path / "sweep.png") is not None
+    print_report(rep)
+    text = capsys.readouterr().out
+    assert "far dev:  dca:128:16 0/2 [0.00, 0.66], dca:128:16:len 2/2 [0.34, 1.00] at 2432 tokens (9.5x L)" in text
+    assert "pick:     dca:128:16:len: of the dev rule's best 2, the most found at 2432 tokens" in text
+    assert "far:      dca:128:16:len 1/1 [0.21, 1.00] at 2560 tokens (10.0x L) of the held-out text" in text
+    assert "temperature = len" in text
 
 
 def test_a_text_that_fails_its_ceiling_ranks_and_judges_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,18 +31,27 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     t0 = time.monotonic()
     # the model as a path relative to the working directory (the repository), as a user types it
     p = dcaforge("calibrate", str(MODEL.relative_to(REPO)), "-o", str(out), "--chunks", "64,128", "--dev-trials", "2",
-                 "--heldout-trials", "2", "--server-args", "-t 2 -fa on", "--json")
+                 "--heldout-trials", "2", "--far", "2560", "--far-trials", "1", "--far-heldout-trials", "1",
+                 "--server-args", "-t 2 -fa on", "--json")
     seconds = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert hashlib.sha256(MODEL.read_bytes()).hexdigest() == before
     rep = json.loads(p.stdout)
-    assert rep["plan"]["candidates"] == ["dca:64:8", "dca:128:16", "dca:64:8:pos"]   # the size nearest L/8 with the temperature
+    assert rep["plan"]["candidates"] == ["dca:64:8", "dca:128:16", "dca:128:16:len"]   # the size nearest L/2 with the temperature
     assert rep["plan"]["dev_lengths"] == [640, 1280] and rep["plan"]["heldout_lengths"] == [768, 1536]
     pick = rep["choice"]["pick"]
     chunk, local, temp = rep["choice"]["chunk_size"], rep["choice"]["local_size"], rep["choice"]["temperature"]
-    assert pick == f"dca:{chunk}:{local}" + (":pos" if temp == "pos" else "") and chunk in (64, 128) and temp in ("off", "pos")
-    for m in ("dca:64:8", "dca:128:16", "dca:64:8:pos"):
+    assert pick == f"dca:{chunk}:{local}" + (":len" if temp == "len" else "") and chunk in (64, 128) and temp in ("off", "len")
+    for m in ("dca:64:8", "dca:128:16", "dca:128:16:len"):
         assert rep["dev"][m]["total"]["n"] == 4
+    # --far 2560: the dev rule's two best at 0.95 x 2560 tokens (one trial each, the same prompt), the pick among
+    # them; the pick at 2560 on the held-out text
+    far = rep["far"]
+    assert far["dev_length"] == 2432 and far["heldout_length"] == 2560 and len(far["dev"]) == 2 and pick in far["dev"]
+    assert all(v["n"] == 1 for v in far["dev"].values()) and far["heldout"]["n"] == 1
+    best = max(v["k"] for v in far["dev"].values())
+    assert far["dev"][pick]["k"] == best and "at 2432 tokens" in rep["choice"]["why"]
+    assert f"; at 2560 tokens {far['heldout']['k']}/1 [" in rep["verdict"], rep["verdict"]
     # L = 256 bytes: a prompt inside L (230) has no room beside the question and the needle, so neither text's ceiling
     # is measured (said in the notes) and the held-out cells run as before
     assert rep["ceilings"] == {} and sum("ceiling was not measured" in n for n in rep["notes"]) == 2, rep["notes"]
@@ -55,7 +64,8 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     # every trial recorded, each prompt exactly its length (the needle's depth inside it)
     work = Path(rep["work"])
     trials = [json.loads(line) for line in (work / "trials.jsonl").read_text().splitlines()]
-    assert len(trials) == 20 and all(0 < t["depth"] < 1 for t in trials)
+    assert len(trials) == 23 and all(0 < t["depth"] < 1 for t in trials)
+    assert sorted(t["length"] for t in trials if t["length"] > 2000) == [2432, 2432, 2560]
     assert len({t["key"] for t in trials if t["set"] == "calibrate-dev"}) >= 3   # a fresh key per trial
     assert (work / "report.json").is_file() and (work / "sweep.png").is_file()
     info = calibrate.inspect_gguf(out)
@@ -64,7 +74,7 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     log = _dca_on_log(serve_tree, out, "dca-on.log")
     assert f"chunk size S = {chunk}, local window w = {local}" in log, log[-3000:]
     assert ("the model's own: qwen2.attention.dual_chunk.chunk_size, qwen2.attention.dual_chunk.local_size") in log
-    assert ("by position (pos, the model's own: qwen2.attention.dual_chunk.temperature" in log) == (temp == "pos"), log[-3000:]
+    assert ("by the prompt's length (len, the model's own: qwen2.attention.dual_chunk.temperature" in log) == (temp == "len"), log[-3000:]
     print(f"calibrate: {seconds:.1f} s, pick {pick}, {rep['verdict']}")
 
 
@@ -78,10 +88,13 @@ def _dca_on_log(serve_tree, model: Path, name: str, *extra: str) -> str:
 
 
 def test_the_copy_s_temperature_is_what_dca_on_alone_uses(serve_tree, tmp_path: Path) -> None:
-    """A copy whose dual_chunk.temperature is pos (what calibrate writes when its pick has the temperature): --dca on
-    alone runs the temperature by position, naming the key; --dca-yarn-factor 0 turns it off; a copy with off, or the
+    """A copy whose dual_chunk.temperature is len (what calibrate writes when its pick has the temperature) or pos:
+    --dca on alone runs that temperature, naming the key; --dca-yarn-factor 0 turns it off; a copy with off, or the
     original without the key, runs none."""
-    pos, off = tmp_path / "pos.gguf", tmp_path / "off.gguf"
+    pos, off, by_len = tmp_path / "pos.gguf", tmp_path / "off.gguf", tmp_path / "len.gguf"
+    calibrate.write_dca_copy(MODEL, by_len, 128, 16, "len")
+    assert "by the prompt's length (len, the model's own: qwen2.attention.dual_chunk.temperature" in _dca_on_log(
+        serve_tree, by_len, "temp-len.log")
     calibrate.write_dca_copy(MODEL, pos, 128, 16, "pos")
     calibrate.write_dca_copy(MODEL, off, 128, 16, "off")
     own = "by position (pos, the model's own: qwen2.attention.dual_chunk.temperature"
