@@ -68,7 +68,9 @@
 #              heldout4 cells then run; none found keeps the choice and nothing else runs); it ran 2026-12-08 (H100,
 #              prebuilt tools taken): 6/10, the rule picks 16384/2048 len, held-out cells run; the same session then
 #              runs (twelfth round, written down before the run) GEMMA_ONLY=1 GEMMA_PPL_JOBS=4
-#              GEMMA_PPL_METHODS=dca:16384:2048:len,dca:16384:2048,dca,yarn STAGES=gemmappl (held-out perplexity)
+#              GEMMA_PPL_METHODS=dca:16384:2048:len,dca:16384:2048,dca,yarn STAGES=gemmappl (held-out perplexity);
+#              it did not run (a failed start left too little device time), so the next session runs it first, then
+#              bench/longctx/calibrate_gpu.sh with CAL_ARGS="--far 1048576" (RESULTS.md, "Thirteenth round")
 #   wait       at most $WAIT s (default 540) for run_bg; what it has so far comes back in $OUT either way
 #
 # The protocol (sets.yaml; choices written down before the run):
