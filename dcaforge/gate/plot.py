@@ -262,6 +262,11 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         ax.errorbar([chunk(m) for m in temps], [v[0] for v in tv], yerr=[[v[1] for v in tv], [v[2] for v in tv]], marker="^",
                     ms=6, capsize=3, lw=0, elinewidth=1, color=STYLE["yarn"][1],
                     label="all dev trials, temperature " + "/".join(sorted({temp(m) for m in temps})))
+    far = getattr(rep, "far", {}) or {}
+    if far:   # the dev rule's best two at the far dev length: a marker each at its S
+        fv = [frac(far[m]) for m in far]
+        ax.errorbar([chunk(m) for m in far], [v[0] for v in fv], yerr=[[v[1] for v in fv], [v[2] for v in fv]], marker="D",
+                    ms=5, capsize=3, lw=0, elinewidth=1, color="black", label=f"{rep.plan.far_dev} tokens, the best {len(far)}")
     pick_x = chunk(rep.choice.pick)
     ax.scatter([pick_x], [frac(rep.total(rep.dev[rep.choice.pick]))[0]], s=160, facecolors="none", edgecolors="black",
                zorder=5, label=f"pick: S {rep.chunk}, w {rep.local}" + (f", temperature {temp(rep.choice.pick)}" if temp(rep.choice.pick) else ""))
@@ -287,14 +292,22 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         ax.set_title(f"dev perplexity at {rep.plan.ppl_ctx} tokens", fontsize=8)
         ax.tick_params(labelsize=7)
     ax = axes[0][-1]
+    far_held = getattr(rep, "far_heldout", None)
     held = sorted({n for by in rep.heldout.values() for n in by})
-    for j, (m, label, color) in enumerate(((rep.choice.pick, f"DCA S {rep.chunk}, w {rep.local}", STYLE["dca"][1]),
+    pick_label = f"DCA S {rep.chunk}, w {rep.local}" + (f", {temp(rep.choice.pick)}" if temp(rep.choice.pick) else "")
+    for j, (m, label, color) in enumerate(((rep.choice.pick, pick_label, STYLE["dca"][1]),
                                            ("yarn", "YaRN", STYLE["yarn"][1]))):
         vals = [frac(rep.heldout[m][n]) for n in held]
         pos = [i + (j - 0.5) * 0.3 for i in range(len(held))]
         ax.bar(pos, [v[0] for v in vals], width=0.3, color=color, label=label,
                yerr=[[v[1] for v in vals], [v[2] for v in vals]], capsize=2, error_kw={"lw": 0.8})
-    ax.set_xticks(range(len(held)), [f"{_ctx_label(n)}\n({n / rep.plan.trained:.1f}x L)" for n in held])
+    ticks = [f"{_ctx_label(n)}\n({n / rep.plan.trained:.1f}x L)" for n in held]
+    if far_held is not None and rep.plan.far_heldout:   # the pick alone at the far length
+        v = frac(far_held)
+        ax.bar([len(held) - 0.15], [v[0]], width=0.3, color=STYLE["dca"][1], yerr=[[v[1]], [v[2]]], capsize=2,
+               error_kw={"lw": 0.8})
+        ticks.append(f"{_ctx_label(rep.plan.far_heldout)}\n({rep.plan.far_heldout / rep.plan.trained:.1f}x L)")
+    ax.set_xticks(range(len(ticks)), ticks)
     ax.set_ylim(0, 1.05)
     ax.set_title("held-out: exact answers", fontsize=8)
     ax.tick_params(labelsize=7)
