@@ -27,6 +27,7 @@ from dcaforge.gate.calibrate import (
     Plan,
     Report,
     file_text,
+    plan,
     preflight,
     python_source_text,
     room_dev_text,
@@ -95,7 +96,9 @@ def calibrate(
     srv, ppl, server_from = _binaries(cfg, server, perplexity, no_perplexity)
     chosen = call(lambda: _chunks(chunks))
     extra = call(lambda: _split_args(server_args))
-    call(lambda: preflight(model, output, force, srv, server_from, work))   # refusals first, before the texts load
+    info, _, _ = call(lambda: preflight(model, output, force, srv, server_from, work))   # refusals first, before the texts load
+    call(lambda: plan(info, chunks=chosen, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
+                      temperature=temperature, far=far, far_trials=far_trials, far_heldout_trials=far_heldout_trials))
 
     def texts() -> tuple[Any, Any]:
         dev = file_text(dev_text, "dev text") if dev_text is not None else room_dev_text(cfg)  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ class Sweep:
         except GateError as exc:   # the server did not start, or died: its log says why
             raise CalibrateError(f"{set_name} {method} at {length} tokens: {exc.message}", where=exc.where,
                                  details=exc.details, hint="read the server's log; a context this long may not fit "
-                                 "the GPU's memory (lower --max-tokens), or --server-args has an option llama-server "
+                                 "the GPU's memory (lower --max-tokens or --far), or --server-args has an option llama-server "
                                  "does not take") from None
         finally:
             srv.stop()

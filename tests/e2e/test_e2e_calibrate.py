@@ -133,3 +133,14 @@ def test_calibrate_on_a_model_that_cannot_be_searched(serve_tree, tmp_path: Path
     trials = [json.loads(line) for line in (Path(rep["work"]) / "trials.jsonl").read_text().splitlines()]
     assert len(trials) == 2 + 4 + 2 and sum(t["method"] == "plain" for t in trials) == 4
     assert calibrate.inspect_gguf(out).chunk == rep["choice"]["chunk_size"]
+
+
+def test_calibrate_refuses_a_far_length_before_anything_runs(serve_tree, tmp_path: Path) -> None:
+    """--far must lie past the held-out lengths (6 L): refused with what, where and what next, before a text loads
+    or a server starts; no output, no work folder."""
+    out = tmp_path / "far.dca.gguf"
+    p = dcaforge("calibrate", str(MODEL), "-o", str(out), "--far", "1000")
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "--far 1000: the length you will serve must lie past the held-out lengths (768, 1536 tokens" in p.stderr, p.stderr
+    assert "--far 1048576" in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists() and not (tmp_path / "far.dca.calibrate").exists()
