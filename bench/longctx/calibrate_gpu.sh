@@ -10,7 +10,9 @@
 #           trials.jsonl, sweep.png, the log and the servers' logs; not the copy itself)
 #   check   --dca on alone with the copy at 96k tokens: llama-server's log must take "the model's own" sizes
 # Settings: MODEL (default ~/model/gemma3-270m-q4_k_m.gguf), CAL_ARGS (more calibrate options, e.g. --dev-trials 8),
-# BIN (~/llb/build/bin), SRC (the llama.cpp tree of the dev text, ~/llb/src).
+# BIN (~/llb/build/bin), SRC (the llama.cpp tree of the dev text, ~/llb/src), RESUME_FROM (a folder carried in with
+# an earlier machine's run.json, trials.jsonl and ppl.jsonl, which `wait` brings back: start copies them into the
+# work folder and passes --resume, so a calibration cut off with its machine goes on where it stopped).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" ~/cal
@@ -29,8 +31,14 @@ step_start() {
     python3 -c "import sys; from pathlib import Path; from dcaforge.gate import longctx
 Path(sys.argv[2]).write_text(longctx.dev_text(Path(sys.argv[1])), encoding='utf-8')" "$SRC" ~/cal/dev.txt || return 1
     rm -f ~/cal/calibrate.done
+    local resume=""
+    if [ -n "${RESUME_FROM:-}" ]; then
+        [ -f "$RESUME_FROM/run.json" ] || { echo "no run.json in $RESUME_FROM"; return 1; }
+        mkdir -p ~/cal/$NAME.dca.calibrate && cp "$RESUME_FROM"/run.json "$RESUME_FROM"/trials.jsonl ~/cal/$NAME.dca.calibrate/ \
+            && { cp "$RESUME_FROM"/ppl.jsonl ~/cal/$NAME.dca.calibrate/ 2>/dev/null; resume=--resume; }
+    fi
     setsid nohup bash -c "cd $REPO && python3 -c 'from dcaforge.cli import main; main()' calibrate '$MODEL' \
-        -o ~/cal/$NAME.dca.gguf --force --server $BIN/llama-server --dev-text ~/cal/dev.txt ${CAL_ARGS:-} \
+        -o ~/cal/$NAME.dca.gguf --force --server $BIN/llama-server --dev-text ~/cal/dev.txt ${CAL_ARGS:-} $resume \
         > ~/cal/report.txt 2> ~/cal/calibrate.log; echo \$? > ~/cal/calibrate.done" >/dev/null 2>&1 </dev/null &
     echo "calibrate started: ~/cal/calibrate.log"
 }
@@ -40,7 +48,7 @@ step_wait() {
     while [ ! -f ~/cal/calibrate.done ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
     local work=~/cal/$NAME.dca.calibrate
     cp ~/cal/report.txt ~/cal/calibrate.log "$OUT"/ 2>/dev/null
-    cp "$work"/report.json "$work"/trials.jsonl "$work"/sweep.png "$OUT"/ 2>/dev/null
+    cp "$work"/report.json "$work"/trials.jsonl "$work"/ppl.jsonl "$work"/run.json "$work"/sweep.png "$OUT"/ 2>/dev/null
     (cd "$work" 2>/dev/null && tar czf "$OUT/logs.tar.gz" logs)
     tail -5 ~/cal/calibrate.log
     cat ~/cal/report.txt 2>/dev/null

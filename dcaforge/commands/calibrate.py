@@ -87,6 +87,9 @@ def calibrate(
                                              "llama-perplexity")] = shlex.join(DEFAULT_SERVER_ARGS),
     work: Annotated[Path | None, typer.Option("--work", help="logs, trials, report and figure (default: OUTPUT "
                                               "without .gguf, plus .calibrate)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="go on from the trials an earlier run of the same "
+                                         "calibration recorded in the work folder (the same model, llama-server, "
+                                         "--server-args and texts)")] = False,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
@@ -109,12 +112,12 @@ def calibrate(
     opts = Options(model=model, server=srv, dev=dev, heldout=held, out=output, force=force, perplexity=ppl,
                    chunks=chosen, temperature=temperature, dev_trials=dev_trials, heldout_trials=heldout_trials, max_tokens=max_tokens,
                    server_args=extra, work=work, server_from=server_from, far=far, far_trials=far_trials,
-                   far_heldout_trials=far_heldout_trials)
+                   far_heldout_trials=far_heldout_trials, resume=resume)
     bar, hooks = _progress()
     with bar:
         rep = call(lambda: do_calibrate(opts, hooks),
                    interrupted="calibration stopped; no GGUF was written (the trials so far are in the work folder's "
-                               "trials.jsonl); run the same command again")
+                               "trials.jsonl); run the same command with --resume to go on from them")
     if as_json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
         return

@@ -44,6 +44,7 @@ from typing import Any
 
 from dcaforge.config import Config
 from dcaforge.errors import CalibrateError
+from dcaforge.gate import calibrate_record as record
 from dcaforge.gate import longctx
 from dcaforge.gate.calibrate_gguf import TEMPERATURES, GgufInfo, inspect_gguf, write_dca_copy
 from dcaforge.gate.calibrate_plan import (
@@ -80,6 +81,7 @@ class Options:
     far: int = 0                       # the length the user will serve (0: none): a far dev cell decides between two
     far_trials: int = DEFAULT_FAR_TRIALS
     far_heldout_trials: int = DEFAULT_FAR_HELDOUT_TRIALS
+    resume: bool = False               # take again what an earlier run of the same calibration measured (its work folder)
     dev_trials: int = DEFAULT_DEV_TRIALS
     heldout_trials: int = DEFAULT_HELDOUT_TRIALS
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -211,8 +213,14 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     if hooks.on_plan:
         hooks.on_plan(pl)
     work.mkdir(parents=True, exist_ok=True)
+    fp = record.fingerprint(opts.model, opts.server, opts.server_args, longctx.sha256_text(opts.dev.text),
+                            longctx.sha256_text(opts.heldout.text))
+    recorded = record.load(work, fp) if opts.resume else None
+    if opts.resume and recorded is None:
+        notes.append(f"--resume: no earlier run recorded in {work}; this one started afresh")
+    record.start(work, fp, recorded)
     r = Sweep(Servers(opts.model, opts.server, ppl_exe, opts.server_args, opts.load_timeout), info, work,
-              hooks.on_step, hooks.on_trial)
+              hooks.on_step, hooks.on_trial, recorded)
     ceilings: dict[str, longctx.Score] = {}
     measured = r.ceiling(pl, "dev", opts.dev, notes)   # can the dev text rank settings for this model?
     if measured is not None:
@@ -250,6 +258,10 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     r.step(f"write {out} (chunk_size {mp.chunk}, local_size {mp.local}, temperature {temp})")
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)
+    if recorded is not None:
+        notes.append(f"--resume: {r.reused} trials and {sum(1 for k in recorded.ppl if k[1] == pl.ppl_ctx)} dev "
+                     f"perplexities taken from the run recorded in {work}"
+                     + (f"; {recorded.dropped} unreadable records dropped" if recorded.dropped else ""))
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
                  chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings,
                  far=far, far_heldout=far_heldout)

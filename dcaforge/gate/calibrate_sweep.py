@@ -16,6 +16,7 @@ from dcaforge.errors import CalibrateError, GateError
 from dcaforge.gate import longctx
 from dcaforge.gate.calibrate_gguf import GgufInfo
 from dcaforge.gate.calibrate_plan import DEV_SEED, DEV_SET, HELDOUT_SEED, HELDOUT_SET, Plan
+from dcaforge.gate.calibrate_record import PPL_FILE, TRIALS_FILE, Recorded
 from dcaforge.gate.calibrate_report import Report
 from dcaforge.gate.perplexity import parse_perplexity
 from dcaforge.gate.server import HttpError, LlamaServer
@@ -55,12 +56,15 @@ class Sweep:
     """One calibration: the servers, the tokenized texts (once per text), the trial records."""
 
     def __init__(self, servers: Servers, info: GgufInfo, work: Path, on_step: Callable[[str], None] | None = None,
-                 on_trial: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_trial: Callable[[dict[str, Any]], None] | None = None, recorded: Recorded | None = None) -> None:
+        """``work`` holds this run's record (:func:`dcaforge.gate.calibrate_record.start` wrote it); ``recorded``: an
+        earlier run's trials and perplexities to take again (``--resume``)."""
         self.servers, self.info, self.work, self.on_step, self.on_trial = servers, info, work, on_step, on_trial
+        self.recorded = recorded or Recorded()
+        self.reused = 0
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)   # a run's logs are numbered; a later run writes over them
-        self.trials_path = work / "trials.jsonl"
-        self.trials_path.write_text("")
+        self.trials_path = work / TRIALS_FILE
         self.corpora: dict[str, longctx.TokenizedCorpus] = {}
         self.corpus_chars: dict[str, int] = {}
         self.frame: longctx.Frame | None = None
@@ -83,6 +87,20 @@ class Sweep:
             self.corpus_chars[text.name] = len(text.text[:chars])
         return self.corpora[text.name]
 
+    def tokenize(self, text: Text, longest: int) -> None:
+        """``text``'s tokens through a short-lived llama-server (plain, a small context), where no cell has run."""
+        args = ["-m", str(self.servers.model.resolve()), "-c", "512", "-np", "1", "--no-warmup", "--cache-ram", "0",
+                "--no-webui", *self.servers.args]
+        srv = LlamaServer(self.servers.server, args, self.log(f"tokenize-{text.name}"), load_timeout=self.servers.load_timeout)
+        try:
+            srv.start()
+            self.corpus(srv, text, longest)
+        except GateError as exc:
+            raise CalibrateError(f"tokenizing {text.name}: {exc.message}", where=exc.where, details=exc.details,
+                                 hint="read the server's log") from None
+        finally:
+            srv.stop()
+
     def chars_per_token(self, name: str) -> float:
         return self.corpus_chars[name] / max(1, self.corpora[name].total)
 
@@ -95,11 +113,23 @@ class Sweep:
     def cell(self, set_name: str, seed: int, method: str, length: int, n: int, text: Text, longest: int) -> longctx.Score:
         """``n`` trials of (set, length) through one llama-server running ``method``."""
         L, arch = self.info.trained, self.info.arch
+        todo = longctx.trials(set_name, seed, length, n)
+        done = {t.index: self.recorded.trial(set_name, method, length, t.index, t.key) for t in todo}
+        score = longctx.Score()
+        for t in todo:   # what an earlier run of the same calibration measured (--resume)
+            old = done[t.index]
+            if old is not None:
+                self.reused += 1
+                score.add(bool(old["ok"]))
+                if self.on_trial:
+                    self.on_trial(old)
+        todo = [t for t in todo if done[t.index] is None]
+        if not todo:
+            return score
         ctx = longctx.ctx_for(length)
         args = ["-m", str(self.servers.model.resolve()), "-c", str(ctx), "-np", "1", "--no-warmup", "--cache-ram", "0", "--no-webui",
                 *self.servers.args, *longctx.method_args(method, ctx, L, arch)]
         self.step(f"{set_name}: {method} at {length} tokens")
-        score = longctx.Score()
         srv = LlamaServer(self.servers.server, args, self.log(f"{set_name}-{method}-{length}"),
                           load_timeout=self.servers.load_timeout)
         try:
@@ -108,7 +138,7 @@ class Sweep:
             if self.frame is None:
                 self.frame = longctx.Frame.build(self._tok(srv, True), self._tok(srv, False))
             tok = self._tok(srv, False)
-            for t in longctx.trials(set_name, seed, length, n):
+            for t in todo:
                 needle = tok(longctx.NEEDLE.format(key=t.key))
                 try:
                     toks = longctx.prompt_tokens(t, corpus, self.frame, needle)
@@ -134,13 +164,15 @@ class Sweep:
             raise CalibrateError(f"{set_name} {method} at {length} tokens: {exc.message}", where=exc.where,
                                  details=exc.details, hint="read the server's log; a context this long may not fit "
                                  "the GPU's memory (lower --max-tokens or --far), or --server-args has an option llama-server "
-                                 "does not take") from None
+                                 "does not take; --resume then keeps the trials so far") from None
         finally:
             srv.stop()
         return score
 
     def perplexity(self, method: str, ctx: int, text_file: Path) -> float | None:
         assert self.servers.perplexity is not None
+        if (method, ctx) in self.recorded.ppl:   # --resume
+            return self.recorded.ppl[(method, ctx)]
         argv = [str(self.servers.perplexity.resolve()), "-m", str(self.servers.model.resolve()), "-f", str(text_file.resolve()),
                 "-c", str(ctx), "-b", str(min(ctx, 2048)),
                 *self.servers.args, *longctx.method_args(method, ctx, self.info.trained)]
@@ -153,6 +185,9 @@ class Sweep:
             value = parse_perplexity(text) or last_chunk_perplexity(text)
             if value is not None or res.returncode != 0 or "you need at least" in text:
                 break
+        if value is not None:
+            with open(self.work / PPL_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"method": method, "ctx": ctx, "ppl": value}) + "\n")
         return value
 
     def dev_cells(self, pl: Plan, text: Text) -> dict[str, dict[int, longctx.Score]]:
@@ -169,6 +204,10 @@ class Sweep:
         ppl: dict[str, float | None] = {m: None for m in pl.candidates}
         if not pl.ppl_ctx:
             return ppl
+        if all((m, pl.ppl_ctx) in self.recorded.ppl for m in pl.candidates):   # --resume: all measured
+            return {m: self.recorded.ppl[(m, pl.ppl_ctx)] for m in pl.candidates}
+        if text.name not in self.corpora:   # every cell was resumed: the text's tokens per character still count
+            self.tokenize(text, pl.dev_longest)
         # two windows of the context, in characters at the dev text's own characters per token
         need = int(2.3 * pl.ppl_ctx * self.chars_per_token(text.name)) + 1000
         if len(text.text) < need:

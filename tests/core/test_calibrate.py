@@ -546,3 +546,91 @@ def test_a_text_that_fails_its_ceiling_ranks_and_judges_nothing(tmp_path: Path, 
     rep.ceilings["heldout"] = S(4, 4)
     rep.heldout = {choice.pick: {768: S(1, 2), 1536: S(0, 2)}, "yarn": {768: S(2, 2), 1536: S(0, 2)}}
     assert rep.ceiling_line("heldout") is None and "BELOW YaRN" in rep.verdict
+
+
+# --- --resume ---------------------------------------------------------------------------------------------------------
+
+def _fp(tmp_path: Path, model: Path = MODEL) -> dict:
+    from dcaforge.gate import calibrate_record as record
+
+    server = tmp_path / "llama-server"
+    if not server.exists():
+        server.write_bytes(b"not run: only its bytes are fingerprinted")
+    return record.fingerprint(model, server, ("-t", "2"), "d" * 64, "h" * 64)
+
+
+def test_resume_takes_only_this_calibration_s_whole_records(tmp_path: Path) -> None:
+    """load: None without a recorded run; the run's records when the fingerprint matches (a torn or foreign line
+    dropped and counted, a record whose key is not the protocol's not taken); a differing model, server, options or
+    text refused, naming it; start: the fingerprint and the kept records, or empty files for a fresh start."""
+    from dcaforge.gate import calibrate_record as record
+
+    work = tmp_path / "work"
+    work.mkdir()
+    fp = _fp(tmp_path)
+    assert record.load(work, fp) is None
+    record.start(work, fp, None)
+    assert (work / "trials.jsonl").read_text() == "" and json.loads((work / "run.json").read_text()) == fp
+    t = longctx.trials("calibrate-dev", 20261207, 640, 2)
+    good = {"set": "calibrate-dev", "method": "dca:64:8", "length": 640, "index": 0, "key": t[0].key, "ok": True,
+            "answer": t[0].key + "."}
+    wrong_key = {**good, "index": 1, "key": "00000"}
+    lines = [json.dumps(good), json.dumps(wrong_key), '{"set": "calibrate-dev", "method": "dca:64:8", "len',
+             json.dumps({**good, "ok": "yes"}), "[1, 2]"]
+    (work / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    (work / "ppl.jsonl").write_text(json.dumps({"method": "dca:64:8", "ctx": 640, "ppl": 3.25}) + "\n{\n")
+    rec = record.load(work, fp)
+    assert rec is not None and rec.dropped == 4 and rec.ppl == {("dca:64:8", 640): 3.25}
+    assert rec.trial("calibrate-dev", "dca:64:8", 640, 0, t[0].key) == good
+    assert rec.trial("calibrate-dev", "dca:64:8", 640, 1, t[1].key) is None       # not the protocol's key
+    record.start(work, fp, rec)   # the kept records, rewritten whole
+    assert [json.loads(x) for x in (work / "trials.jsonl").read_text().splitlines()] == [good, wrong_key]
+    for change, named in ((("server_args", ["-t", "4"]), "--server-args"), (("dev_text", "e" * 64), "the dev text"),
+                          (("model", "1:abc"), "the model file"), (("server", "0" * 64), "llama-server")):
+        with pytest.raises(CalibrateError, match=f"--resume: {named}.* differs? from the run recorded in") as exc:
+            record.load(work, {**fp, change[0]: change[1]})
+        assert "leave out --resume" in (exc.value.hint or "")
+    (work / "run.json").write_text("[]")
+    with pytest.raises(CalibrateError, match="is not a calibration's record"):
+        record.load(work, fp)
+
+
+def test_model_fingerprint_sees_a_changed_header_or_tail(tmp_path: Path) -> None:
+    from dcaforge.gate.calibrate_record import EDGE, model_fingerprint
+
+    big = tmp_path / "big.gguf"
+    data = bytearray(os.urandom(1024)) * (3 * EDGE // 1024)
+    big.write_bytes(bytes(data))
+    first = model_fingerprint(big)
+    data[10] ^= 1
+    big.write_bytes(bytes(data))
+    second = model_fingerprint(big)
+    data[-10] ^= 1
+    big.write_bytes(bytes(data))
+    third = model_fingerprint(big)
+    assert len({first, second, third}) == 3 and first.startswith(f"{3 * EDGE}:")
+    assert model_fingerprint(MODEL) == model_fingerprint(MODEL)
+
+
+def test_a_resumed_cell_starts_no_server(tmp_path: Path) -> None:
+    """Every trial of a cell recorded: the score comes from the records and no llama-server starts (the server here
+    is not a program: starting it would fail)."""
+    from dcaforge.gate import calibrate_record as record
+    from dcaforge.gate.calibrate_sweep import Servers, Sweep, Text
+
+    work = tmp_path / "work"
+    work.mkdir()
+    fp = _fp(tmp_path)
+    trials = longctx.trials("calibrate-dev", 20261207, 640, 3)
+    recs = [{"set": "calibrate-dev", "method": "dca:64:8", "length": 640, "index": t.index, "key": t.key,
+             "ok": t.index != 1, "answer": "x"} for t in trials]
+    (work / "run.json").write_text(json.dumps(fp))
+    (work / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rec = record.load(work, fp)
+    record.start(work, fp, rec)
+    seen: list[dict] = []
+    sweep = Sweep(Servers(MODEL, tmp_path / "llama-server", None, (), 5.0), cal.inspect_gguf(MODEL), work,
+                  on_trial=seen.append, recorded=rec)
+    score = sweep.cell("calibrate-dev", 20261207, "dca:64:8", 640, 3, Text("t", "text " * 1000), 1280)
+    assert (score.k, score.n) == (2, 3) and sweep.reused == 3 and len(seen) == 3
+    assert not list((work / "logs").iterdir())   # no server log: none started

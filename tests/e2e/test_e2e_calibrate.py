@@ -76,6 +76,28 @@ def test_calibrate_writes_a_copy_that_dca_on_alone_uses(serve_tree, tmp_path: Pa
     assert ("the model's own: qwen2.attention.dual_chunk.chunk_size, qwen2.attention.dual_chunk.local_size") in log
     assert ("by the prompt's length (len, the model's own: qwen2.attention.dual_chunk.temperature" in log) == (temp == "len"), log[-3000:]
     print(f"calibrate: {seconds:.1f} s, pick {pick}, {rep['verdict']}")
+    _resume(out, rep, trials)
+
+
+def _resume(out: Path, rep: dict, trials: list[dict]) -> None:
+    """--resume after a run that lost its last three records and left half a line (killed while writing): the
+    twenty whole records are taken again, the rest measured, the pick the same."""
+    work = Path(rep["work"])
+    lines = (work / "trials.jsonl").read_text().splitlines()
+    (work / "trials.jsonl").write_text("\n".join(lines[:20]) + "\n" + lines[20][:25])
+    p = dcaforge("calibrate", str(MODEL), "-o", str(out), "--force", "--chunks", "64,128", "--dev-trials", "2",
+                 "--heldout-trials", "2", "--far", "2560", "--far-trials", "1", "--far-heldout-trials", "1",
+                 "--server-args", "-t 2 -fa on", "--resume", "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    again = json.loads(p.stdout)
+    assert any(n.startswith("--resume: 20 trials and ") and n.endswith("; 1 unreadable records dropped")
+               for n in again["notes"]), again["notes"]
+    assert again["dev"] == rep["dev"] and again["far"]["dev"] == rep["far"]["dev"] and again["choice"] == rep["choice"]
+    assert again["dev_perplexity"] == rep["dev_perplexity"]
+    now = [json.loads(line) for line in (work / "trials.jsonl").read_text().splitlines()]
+    assert now[:20] == trials[:20] and len(now) == 23
+    assert [(t["set"], t["method"], t["length"], t["index"], t["key"]) for t in now[20:]] == \
+        [(t["set"], t["method"], t["length"], t["index"], t["key"]) for t in trials[20:]]
 
 
 def _dca_on_log(serve_tree, model: Path, name: str, *extra: str) -> str:
