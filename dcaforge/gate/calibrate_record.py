@@ -137,8 +137,10 @@ def start(work: Path, fp: dict[str, Any], recorded: Recorded | None) -> None:
     files emptied), each file through a temporary one."""
     def put(name: str, text: str) -> None:
         tmp = work / (name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, work / name)
+        tmp.unlink(missing_ok=True)   # a link left there is removed, never written through
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, work / name)   # replaces a link at the name itself, not its target
 
     put(RUN_FILE, json.dumps(fp, indent=2, sort_keys=True) + "\n")
     trials = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recorded.trials.values()) if recorded else ""

@@ -593,6 +593,14 @@ def test_resume_takes_only_this_calibration_s_whole_records(tmp_path: Path) -> N
     (work / "run.json").write_text("[]")
     with pytest.raises(CalibrateError, match="is not a calibration's record"):
         record.load(work, fp)
+    # links in the work folder are replaced, never written through
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    for name in ("trials.jsonl", "run.json.tmp", "ppl.jsonl.tmp"):
+        (work / name).unlink(missing_ok=True)
+        (work / name).symlink_to(outside)
+    record.start(work, fp, None)
+    assert outside.read_text() == "keep" and not (work / "trials.jsonl").is_symlink()
 
 
 def test_model_fingerprint_sees_a_changed_header_or_tail(tmp_path: Path) -> None:
