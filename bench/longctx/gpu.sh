@@ -145,8 +145,9 @@ use_prebuilt() { # $PACK/bin.tar.gz (bench/longctx/prebuild.sh: built without a 
 
 step_build_bg() {
     if [ -f "$PACK"/texts.tar.gz ]; then mkdir -p ~/lc/texts && tar xzf "$PACK"/texts.tar.gz -C ~/lc/texts; fi
-    use_prebuilt && return 0
+    # the sources, prebuilt or not: calibrate_gpu.sh takes its dev text from them
     rm -rf ~/llb/src && mkdir -p ~/llb/src && tar xzf "$PACK"/tree.tar.gz -C ~/llb/src || { echo "no tree"; return 1; }
+    use_prebuilt && return 0
     setsid nohup bash -c "cmake -S ~/llb/src -B ~/llb/build -G Ninja ${CUDA_BUILD_DEFINES[*]} \
         > ~/llb/build.log 2>&1 && ninja -C ~/llb/build -j16 ${CUDA_BUILD_TARGETS[*]} \
         >> ~/llb/build.log 2>&1; echo \$? > ~/llb/build.rc" >/dev/null 2>&1 </dev/null &

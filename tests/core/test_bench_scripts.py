@@ -578,6 +578,30 @@ def test_longctx_build_uses_a_prebuilt_bin_only_for_its_own_tree_and_a_cuda_devi
     assert r.returncode == 0 and "build: prebuilt" in r.stdout and (home / "llb" / "build.rc").exists(), r.stdout + r.stderr
 
 
+def test_longctx_build_unpacks_the_sources_for_calibrate_when_prebuilt(tmp_path: Path) -> None:
+    """step build_bg with a prebuilt bin.tar.gz still unpacks tree.tar.gz into ~/llb/src (calibrate_gpu.sh's dev
+    text), and calibrate_gpu.sh, sourced after it, finds the prebuilt tools' libraries as gpu.sh does."""
+    home, pack, stage, tree = tmp_path / "home", tmp_path / "pack", tmp_path / "stage", tmp_path / "tree"
+    for d in (home, pack, stage, tree / "src"):
+        d.mkdir(parents=True, exist_ok=True)
+    (tree / "src" / "llama.cpp").write_text("int main() {}\n")
+    subprocess.run(["tar", "czf", str(pack / "tree.tar.gz"), "-C", str(tree), "src"], check=True)
+    server = stage / "llama-server"
+    server.write_text('#!/bin/bash\necho "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80000 MiB free)"\n')
+    server.chmod(0o755)
+    (stage / "tree.sha256").write_text(hashlib.sha256((pack / "tree.tar.gz").read_bytes()).hexdigest() + "\n")
+    subprocess.run(["tar", "czf", str(pack / "bin.tar.gz"), "-C", str(stage), "llama-server", "tree.sha256"], check=True)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PACK": str(pack), "OUT": str(tmp_path / "out")}
+    r = subprocess.run(["bash", "-c", f'source "{LONGCTX_SH}"; step_build_bg'], cwd=ROOT, env=env, check=False,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "build: prebuilt" in r.stdout, r.stdout + r.stderr
+    assert (home / "llb" / "src" / "src" / "llama.cpp").read_text() == "int main() {}\n"
+    cal_sh = ROOT / "bench" / "longctx" / "calibrate_gpu.sh"
+    r = subprocess.run(["bash", "-c", f'source "{cal_sh}"; echo "$LD_LIBRARY_PATH"'], cwd=ROOT, env=env, check=False,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().split(":")[:2] == [str(home / "llb" / "build" / "bin"), "/usr/local/cuda/lib64"], r.stdout + r.stderr
+
+
 def test_longctx_prebuild_says_what_it_needs_before_it_builds(tmp_path: Path) -> None:
     """bench/longctx/prebuild.sh, with the real bash: without pack.sh's tree.tar.gz, or without the cuBLAS wheel, it
     stops before it removes or builds anything and names what to run; its build folder is left as it was."""
