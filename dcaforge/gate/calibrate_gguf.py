@@ -157,7 +157,7 @@ class CopyResult:
 
 def write_dca_copy(src: Path, dst: Path, chunk: int, local: int, temperature: str = "off") -> CopyResult:
     """Write ``dst``: ``src`` with ``<arch>.attention.dual_chunk.chunk_size = chunk`` and ``.local_size = local``
-    (uint32) and ``.temperature`` (a string, ``off``, ``pos`` or ``chunk``: written either way, so that a copy of a copy says
+    (uint32) and ``.temperature`` (a string, ``off``, ``len``, ``pos`` or ``chunk``: written either way, so that a copy of a copy says
     what its own calibration chose), every other key, every tensor and the alignment as they were; checked by reading ``dst`` back (the
     keys, the values, every tensor's bytes), through a temporary file beside ``dst`` that an error or an interrupt
     removes. ``src`` is only read."""

@@ -166,3 +166,18 @@ def test_calibrate_refuses_a_far_length_before_anything_runs(serve_tree, tmp_pat
     assert "--far 1000: the length you will serve must lie past the held-out lengths (768, 1536 tokens" in p.stderr, p.stderr
     assert "--far 1048576" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists() and not (tmp_path / "far.dca.calibrate").exists()
+
+
+def test_a_calibrated_copy_answers_as_the_measured_flags(serve_tree, tmp_path: Path) -> None:
+    """bench/longctx/keys_equal.py on the trained tiny model: the copy with `--dca on` alone and the original with
+    the pick's flags (chunk, local, the temperature by the prompt's length) give the same answers and the same top
+    probabilities for every generated token, past L (700 tokens, L = 256)."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "longctx" / "keys_equal.py"), "--server",
+                        str(serve_tree.bin("llama-server")), "--model", str(MODEL), "--text", str(REPO / "docs" / "dca.md"),
+                        "--method", "dca:128:16:len", "--length", "700", "--trials", "2", "--work", str(tmp_path / "w"),
+                        "--args", "-t 2 -lv 4"], capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0 and "EQUAL 2/2" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "the model's own: qwen2.attention.dual_chunk.chunk_size" in p.stdout, p.stdout[-3000:]
+    assert MODEL.read_bytes()[:4] == b"GGUF"
