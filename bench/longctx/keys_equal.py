@@ -82,11 +82,11 @@ def main() -> int:
     for t, x, y in zip(trials, got_a, got_b, strict=True):
         same = json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
         equal += same
-        print(f"#{t.index} key {t.key}: A {x['answer'][:16]!r} B {y['answer'][:16]!r} "
-              f"{'equal (answer and top-{N_PROBS} probabilities of every token)' if same else 'DIFFERENT'}", flush=True)
+        verdict = f"equal (answer and top-{N_PROBS} probabilities of every token)" if same else "DIFFERENT"
+        print(f"#{t.index} key {t.key}: A {x['answer'][:16]!r} B {y['answer'][:16]!r} {verdict}", flush=True)
     log_a = (a.work / "a.log").read_text(errors="replace")
     own = [line.strip() for line in log_a.splitlines() if "llama_dca_resolve" in line]
-    print("A's DCA line:", own[0] if own else "(none)")
+    print("A's DCA line:", own[0] if own else "(not logged: add -lv 4 to --args)")
     print(f"EQUAL {equal}/{len(trials)} ({a.method} at {a.length} tokens; A: the copy with --dca on alone, B: the flags)")
     return 0 if equal == len(trials) else 1
 
