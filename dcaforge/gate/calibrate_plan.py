@@ -19,9 +19,10 @@ LOCAL_DIV = 8
 #: the attention temperature is tried with one chunk size, the candidate nearest L / TEMPERATURE_FRACTION, in the form
 #: TEMPERATURE (--dca-yarn-factor len: every query of a sequence scaled from its prompt's length, 1 within L). On the
 #: bench's dev set (gemma-3-270m, 2.5x, 5x and 30x L) the dev rule picked 16384 / 2048 `len` (L/2) over the former
-#: candidate, 4096 / 512 `pos` (L/8), and over the same sizes without a temperature: 35/50 against 29/50 and 30/50;
-#: held-out 35/40 at ~3x, 34/40 at ~6x, 5/6 at 1M against 31/40, 25/40 and 1/6 without it (bench/RESULTS.md, eleventh
-#: round). One candidate more, not one per size: the sweep of a 270M model stays within ~15 minutes
+#: candidate, 4096 / 512 `pos` (L/8), and over the same sizes without a temperature: 35/50 against 29/50 and 30/50
+#: (chosen on dev alone; held-out, reported after the choice: 35/40 at ~3x, 34/40 at ~6x, 5/6 at 1M against 31/40,
+#: 25/40 and 1/6 without it; bench/RESULTS.md, eleventh round). One candidate more, not one per size: the sweep of a
+#: 270M model stays within ~15 minutes
 TEMPERATURE = "len"
 TEMPERATURE_FRACTION = 2
 #: prompt lengths as multiples of L: dev and held-out never share one. Under the cap (max_tokens) each is at most
