@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dcaforge.gate import longctx  # noqa: E402
 from dcaforge.gate.calibrate_gguf import inspect_gguf, write_dca_copy  # noqa: E402
+from dcaforge.gate.calibrate_sweep import Sweep  # noqa: E402
 from dcaforge.gate.server import LlamaServer  # noqa: E402
 
 N_PROBS = 5
@@ -37,12 +38,11 @@ def run(server: Path, model: Path, extra: list[str], text: str, length: int, tri
     args = ["-m", str(model), "-c", str(ctx), "-np", "1", "--no-warmup", "--cache-ram", "0", "--no-webui", *extra]
     out = []
     with LlamaServer(server, args, log, load_timeout=900) as srv:
-        def tok(special: bool):
-            return lambda s: list(srv.post("/tokenize", {"content": s, "add_special": special, "parse_special": False})["tokens"])
-        corpus = longctx.TokenizedCorpus.build("text", text[: 6 * length], tok(False))
-        frame = longctx.Frame.build(tok(True), tok(False))
+        tok = Sweep.tokenizer(srv, False)   # the tokenizer calls calibrate's sweep makes
+        corpus = longctx.TokenizedCorpus.build("text", text[: 6 * length], tok)
+        frame = longctx.Frame.build(Sweep.tokenizer(srv, True), tok)
         for t in trials:
-            needle = tok(False)(longctx.NEEDLE.format(key=t.key))
+            needle = tok(longctx.NEEDLE.format(key=t.key))
             toks = longctx.prompt_tokens(t, corpus, frame, needle)
             r = srv.post("/completion", {"prompt": toks, "n_predict": longctx.N_PREDICT, "temperature": 0.0, "top_k": 1,
                                          "seed": 0, "cache_prompt": False, "n_probs": N_PROBS, "stream": False})

@@ -259,8 +259,8 @@ def calibrate(opts: Options, hooks: Hooks | None = None) -> Report:
     check_output(opts.model, out, opts.force)   # again: a file may have appeared there during the sweep
     copy = write_dca_copy(opts.model, out, mp.chunk, mp.local, temp)
     if recorded is not None:
-        notes.append(f"--resume: {r.reused} trials and {sum(1 for k in recorded.ppl if k[1] == pl.ppl_ctx)} dev "
-                     f"perplexities taken from the run recorded in {work}"
+        notes.append(f"--resume: {r.reused} trials and {r.reused_ppl} dev perplexities taken from the run recorded in "
+                     f"{work}"
                      + (f"; {recorded.dropped} unreadable records dropped" if recorded.dropped else ""))
     rep = Report(model=opts.model, out=out, work=work, info=info, plan=pl, dev=dev, ppl=ppl, choice=choice,
                  chunk=mp.chunk, local=mp.local, heldout=heldout, copy=copy, notes=notes, ceilings=ceilings,

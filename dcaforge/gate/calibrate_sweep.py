@@ -61,7 +61,8 @@ class Sweep:
         earlier run's trials and perplexities to take again (``--resume``)."""
         self.servers, self.info, self.work, self.on_step, self.on_trial = servers, info, work, on_step, on_trial
         self.recorded = recorded or Recorded()
-        self.reused = 0
+        self.reused = 0       # trials taken from ``recorded``
+        self.reused_ppl = 0   # dev perplexities taken from ``recorded``
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)   # a run's logs are numbered; a later run writes over them
         self.trials_path = work / TRIALS_FILE
@@ -82,7 +83,7 @@ class Sweep:
         if text.name not in self.corpora:
             chars = max(MIN_TEXT_CHARS, TEXT_CHARS_PER_TOKEN * longest)
             self.step(f"tokenize {text.name} ({min(chars, len(text.text))} characters)")
-            tok = self._tok(srv, special=False)
+            tok = self.tokenizer(srv, special=False)
             self.corpora[text.name] = longctx.TokenizedCorpus.build(text.name, text.text[:chars], tok)
             self.corpus_chars[text.name] = len(text.text[:chars])
         return self.corpora[text.name]
@@ -105,7 +106,7 @@ class Sweep:
         return self.corpus_chars[name] / max(1, self.corpora[name].total)
 
     @staticmethod
-    def _tok(srv: LlamaServer, special: bool) -> Callable[[str], list[int]]:
+    def tokenizer(srv: LlamaServer, special: bool) -> Callable[[str], list[int]]:
         def tok(s: str) -> list[int]:
             return list(srv.post("/tokenize", {"content": s, "add_special": special, "parse_special": False})["tokens"])
         return tok
@@ -136,8 +137,8 @@ class Sweep:
             srv.start()
             corpus = self.corpus(srv, text, longest)
             if self.frame is None:
-                self.frame = longctx.Frame.build(self._tok(srv, True), self._tok(srv, False))
-            tok = self._tok(srv, False)
+                self.frame = longctx.Frame.build(self.tokenizer(srv, True), self.tokenizer(srv, False))
+            tok = self.tokenizer(srv, False)
             for t in todo:
                 needle = tok(longctx.NEEDLE.format(key=t.key))
                 try:
@@ -169,10 +170,17 @@ class Sweep:
             srv.stop()
         return score
 
+    def recorded_ppl(self, method: str, ctx: int) -> float | None:
+        """The earlier run's perplexity of ``method`` at ``ctx`` (--resume), counted; None when it has none."""
+        value = self.recorded.ppl.get((method, ctx))
+        self.reused_ppl += value is not None
+        return value
+
     def perplexity(self, method: str, ctx: int, text_file: Path) -> float | None:
         assert self.servers.perplexity is not None
-        if (method, ctx) in self.recorded.ppl:   # --resume
-            return self.recorded.ppl[(method, ctx)]
+        value = self.recorded_ppl(method, ctx)
+        if value is not None:
+            return value
         argv = [str(self.servers.perplexity.resolve()), "-m", str(self.servers.model.resolve()), "-f", str(text_file.resolve()),
                 "-c", str(ctx), "-b", str(min(ctx, 2048)),
                 *self.servers.args, *longctx.method_args(method, ctx, self.info.trained)]
@@ -204,8 +212,8 @@ class Sweep:
         ppl: dict[str, float | None] = {m: None for m in pl.candidates}
         if not pl.ppl_ctx:
             return ppl
-        if all((m, pl.ppl_ctx) in self.recorded.ppl for m in pl.candidates):   # --resume: all measured
-            return {m: self.recorded.ppl[(m, pl.ppl_ctx)] for m in pl.candidates}
+        if all((m, pl.ppl_ctx) in self.recorded.ppl for m in pl.candidates):   # --resume: all measured, no text needed
+            return {m: self.recorded_ppl(m, pl.ppl_ctx) for m in pl.candidates}
         if text.name not in self.corpora:   # every cell was resumed: the text's tokens per character still count
             self.tokenize(text, pl.dev_longest)
         # two windows of the context, in characters at the dev text's own characters per token

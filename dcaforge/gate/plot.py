@@ -240,8 +240,11 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
 
     # the lines join the sizes with the temperature off; a candidate with a temperature (dca:S:W:len, dca:S:W:pos) is a
     # marker of its own at its S
-    def temp(m: str) -> str:
-        return m.split(":")[3] if m.count(":") >= 3 else ""
+    from dcaforge.gate.longctx import parse_method
+
+    def temp(m: str) -> str:   # the candidate's temperature form, "" when off
+        factor = parse_method(m).factor
+        return "" if factor == "0" else factor
 
     cands = sorted((m for m in rep.dev if not temp(m)), key=chunk)
     temps = sorted((m for m in rep.dev if temp(m)), key=chunk)
@@ -262,7 +265,7 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         ax.errorbar([chunk(m) for m in temps], [v[0] for v in tv], yerr=[[v[1] for v in tv], [v[2] for v in tv]], marker="^",
                     ms=6, capsize=3, lw=0, elinewidth=1, color=STYLE["yarn"][1],
                     label="all dev trials, temperature " + "/".join(sorted({temp(m) for m in temps})))
-    far = getattr(rep, "far", {}) or {}
+    far = rep.far
     if far:   # the dev rule's best two at the far dev length: a marker each at its S
         fv = [frac(far[m]) for m in far]
         ax.errorbar([chunk(m) for m in far], [v[0] for v in fv], yerr=[[v[1] for v in fv], [v[2] for v in fv]], marker="D",
@@ -292,7 +295,7 @@ def plot_calibration(rep: Any, path: Path, on_step: Callable[[str], None] | None
         ax.set_title(f"dev perplexity at {rep.plan.ppl_ctx} tokens", fontsize=8)
         ax.tick_params(labelsize=7)
     ax = axes[0][-1]
-    far_held = getattr(rep, "far_heldout", None)
+    far_held = rep.far_heldout
     held = sorted({n for by in rep.heldout.values() for n in by})
     pick_label = f"DCA S {rep.chunk}, w {rep.local}" + (f", {temp(rep.choice.pick)}" if temp(rep.choice.pick) else "")
     for j, (m, label, color) in enumerate(((rep.choice.pick, pick_label, STYLE["dca"][1]),
