@@ -22,11 +22,8 @@ SRC=${SRC:-~/llb/src}
 MODEL=${MODEL:-~/model/gemma3-270m-q4_k_m.gguf}
 NAME=$(basename "$MODEL" .gguf)
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
-# tools from bench/longctx/prebuild.sh (gpu.sh's use_prebuilt marks them) find cuBLAS beside them and the driver's
-# CUDA libraries through this path, as in gpu.sh
-if [ -f ~/llb/prebuilt ]; then
-    export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/cuda-build.sh"   # prebuilt_libs: the prebuilt tools' library path, as gpu.sh's
+if [ -f ~/llb/prebuilt ]; then export LD_LIBRARY_PATH=$(prebuilt_libs "$BIN"); fi
 
 step_start() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -101,10 +101,10 @@ GEMMA_SE=${GEMMA_SE:-se:4096,se:2048}   # Self-Extend, the baseline row (stage s
 SMOL_SE=${SMOL_SE:-se:1024,se:512}
 SMOL_DEV=${SMOL_DEV:-dca:2048:256,dca:4096:512,dca:4096:1024,dca:6144:1024,dca:4096:1024:auto}
 PACK=${PACK:-cleanroom/gpu}   # what the calls carry (pack.sh's pieces; prebuild.sh's bin.tar.gz)
+source "$(dirname "${BASH_SOURCE[0]}")/cuda-build.sh"   # CUDA_BUILD_DEFINES, CUDA_BUILD_TARGETS, prebuilt_libs
 # a prebuilt bin (prebuild.sh, step build_bg) finds its own libraries there and the toolkit's cuBLAS
-PREBUILT_LIBS="$BIN:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PREBUILT_LIBS=$(prebuilt_libs "$BIN")
 if [ -f ~/llb/prebuilt ]; then export LD_LIBRARY_PATH=$PREBUILT_LIBS; fi
-source "$(dirname "${BASH_SOURCE[0]}")/cuda-build.sh"   # CUDA_BUILD_DEFINES, CUDA_BUILD_TARGETS
 RUN="python3 $REPO/bench/longctx/run.py"
 COMMON=(--bin "$BIN" --models ~/model --texts ~/lc/texts --out ~/lc/out)
 
